@@ -14,7 +14,12 @@ and prefill tokens saved by reuse (a context shared by k rows is prefilled once:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
+
+import torch
+from transformers import DynamicCache
+
+from tg.protocol import STOP_STRINGS
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,9 @@ class PrefillStats:
 
 class EngineBatch(Protocol):
     stats: PrefillStats
+    """Totals of the batch."""
+    row_stats: list[PrefillStats]
+    """Per row (the ledger splits them by question)."""
 
     def generate(self, rows: Sequence[int], max_new_tokens: Sequence[int]) -> list[GenOut]: ...
 
@@ -62,3 +70,212 @@ class EngineBatch(Protocol):
 
 class Engine(Protocol):
     def open(self, contexts: Sequence[Sequence[int]], counts: Sequence[int], sampling: Sampling) -> EngineBatch: ...
+
+
+# ---------------------------------------------------------------------------------------------
+# Stop detection
+# ---------------------------------------------------------------------------------------------
+class StopChecker:
+    """Detects the end of a step without cutting inside a sampled token.
+
+    Single-token stops (the tiny tokenizer's tags) are matched by id; multi-token stop strings
+    (Qwen's BPE splits `</search>` into several tokens) by decoding the tail of the step: the step
+    ends at the token that completes the string, and that whole token is kept.
+    """
+
+    def __init__(self, tokenizer: Any, stop_strings: Sequence[str] = STOP_STRINGS) -> None:
+        self.tokenizer = tokenizer
+        self.stop_strings = tuple(stop_strings)
+        single = [tokenizer.convert_tokens_to_ids(s) for s in stop_strings]
+        unk = getattr(tokenizer, "unk_token_id", None)
+        self.stop_ids = {i for i in single if isinstance(i, int) and i != unk and i >= 0}
+        self.by_id = len(self.stop_ids) == len(self.stop_strings)
+        eos = {getattr(tokenizer, "eos_token_id", None), tokenizer.convert_tokens_to_ids("<|im_end|>"),
+               tokenizer.convert_tokens_to_ids("<|endoftext|>")}
+        self.eos_ids = {i for i in eos if isinstance(i, int) and i != unk and i >= 0}
+        self.window = max(len(s) for s in self.stop_strings)
+
+    def check(self, ids: Sequence[int]) -> str | None:
+        """'stop', 'eos' or None for a step's ids so far (the last id just sampled)."""
+        last = ids[-1]
+        if last in self.eos_ids:
+            return "eos"
+        if self.by_id:
+            return "stop" if last in self.stop_ids else None
+        tail = self.tokenizer.decode(list(ids[-self.window:]), skip_special_tokens=False)
+        return "stop" if any(s in tail for s in self.stop_strings) else None
+
+
+def sample_next(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator) -> torch.Tensor:
+    """Sample one token per row from logits [B, V] (greedy when temperature is 0); returns [B]."""
+    if sampling.temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
+    if sampling.top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        keep = sorted_p.cumsum(-1) - sorted_p < sampling.top_p  # always keeps the top token
+        sorted_p = sorted_p * keep
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The transformers engine: a ragged decode loop over one DynamicCache
+# ---------------------------------------------------------------------------------------------
+class HFEngine:
+    """Batched step generation with transformers, prefix-KV reuse and live multi-turn caches.
+
+    One `DynamicCache` holds every row. Rows are ragged: each forward feeds each row a block of
+    its pending tokens (right-padded, padding masked out), with explicit position ids, so holes in
+    the cache are harmless. A row always keeps >= 1 pending (uncached) token, so the cache never
+    covers every input id (the silent-wrong-logits trap of `generate`, NOTES.md).
+
+    prefix_reuse=True: a context shared by k rows is prefilled once and its cache rows repeated
+    (`batch_select_indices` with repeated indices = copy + repeat-interleave); False: every row
+    prefills its own copy (to measure the saving).
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, *, max_new_tokens: int = 500, prefix_reuse: bool = True) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.prefix_reuse = prefix_reuse
+        self.stop = StopChecker(tokenizer)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    def open(self, contexts: Sequence[Sequence[int]], counts: Sequence[int], sampling: Sampling) -> "HFBatch":
+        return HFBatch(self, contexts, counts, sampling)
+
+
+class HFBatch:
+    """The live state of an `HFEngine` batch; see `EngineBatch`."""
+
+    def __init__(self, engine: HFEngine, contexts: Sequence[Sequence[int]], counts: Sequence[int],
+                 sampling: Sampling) -> None:
+        if len(contexts) != len(counts) or any(len(c) < 1 for c in contexts) or any(n < 0 for n in counts):
+            raise ValueError("open(contexts, counts): one count >= 0 per non-empty context")
+        self.engine, self.sampling = engine, sampling
+        self.model = engine.model
+        self.device = next(self.model.parameters()).device
+        self.generator = torch.Generator(device="cpu").manual_seed(sampling.seed)
+        self.stats = PrefillStats()
+        self.row_stats: list[PrefillStats] = []
+        self.cache = DynamicCache()
+        self.attn = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # [B, T_cache]
+        self.pos: list[int] = []          # next position id per internal row
+        self.pending: list[list[int]] = []  # tokens not yet in the cache per internal row
+        self.index: dict[int, int] = {}   # external row id -> internal row
+        self._prefill(contexts, counts)
+
+    # ---- set-up --------------------------------------------------------------------------------
+    def _prefill(self, contexts: Sequence[Sequence[int]], counts: Sequence[int]) -> None:
+        reuse = self.engine.prefix_reuse
+        heads = [list(c[:-1]) for c in contexts]  # the last context token stays pending
+        if reuse:
+            blocks, repeat = heads, [n for n in counts]
+        else:
+            blocks = [h for h, n in zip(heads, counts) for _ in range(n)]
+            repeat = [1] * len(blocks)
+        src = [i for i, n in enumerate(repeat) for _ in range(n)]
+        self.pos = [0] * len(blocks)
+        self.pending = [[] for _ in blocks]
+        self.attn = torch.zeros(len(blocks), 0, dtype=torch.long, device=self.device)
+        if any(blocks):
+            with torch.no_grad():
+                self._forward(blocks, list(range(len(blocks))))
+        self.cache.batch_select_indices(torch.tensor(src, dtype=torch.long, device=self.device)) if self.cache.get_seq_length() else None
+        self.attn = self.attn[src]
+        self.pos = [self.pos[i] for i in src]
+        row_ctx = [i for i, n in enumerate(counts) for _ in range(n)]
+        self.pending = [[contexts[c][-1]] for c in row_ctx]
+        self.index = {r: r for r in range(len(row_ctx))}
+        first = set()
+        for c in row_ctx:
+            s = PrefillStats()
+            s.computed = 1  # the last context token is fed per row
+            if reuse and c in first:
+                s.saved = len(heads[c])
+            else:
+                s.computed += len(heads[c])
+                first.add(c)
+            self.row_stats.append(s)
+        self.stats.computed = sum(s.computed for s in self.row_stats)
+        self.stats.saved = sum(s.saved for s in self.row_stats)
+
+    # ---- one ragged forward ----------------------------------------------------------------------
+    def _forward(self, blocks: Sequence[Sequence[int]], rows: Sequence[int]) -> torch.Tensor:
+        """Feed blocks[i] to internal row rows[i] (others get masked padding); logits [len(rows), V]
+        at each fed row's last real token."""
+        B = len(self.pos)
+        width = max(len(b) for b in blocks)
+        ids = torch.full((B, width), self.engine.pad_id, dtype=torch.long)
+        mask = torch.zeros(B, width, dtype=torch.long)
+        posn = torch.zeros(B, width, dtype=torch.long)
+        for b, r in zip(blocks, rows):
+            ids[r, :len(b)] = torch.tensor(b, dtype=torch.long)
+            mask[r, :len(b)] = 1
+        for r in range(B):
+            posn[r] = self.pos[r] + torch.arange(width)
+        attn = torch.cat([self.attn, mask.to(self.device)], dim=1)
+        out = self.model(input_ids=ids.to(self.device), attention_mask=attn, position_ids=posn.to(self.device),
+                         past_key_values=self.cache, use_cache=True)
+        self.attn = attn
+        for b, r in zip(blocks, rows):
+            self.pos[r] += len(b)
+        last = torch.tensor([len(b) - 1 for b in blocks], device=self.device)
+        return out.logits[torch.tensor(rows, device=self.device), last].float()
+
+    # ---- the EngineBatch API -----------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, rows: Sequence[int], max_new_tokens: Sequence[int]) -> list[GenOut]:
+        internal = [self.index[r] for r in rows]
+        outs = [GenOut([], [], "length") for _ in rows]
+        live = [i for i, cap in enumerate(max_new_tokens) if cap > 0]
+        while live:
+            blocks = [self.pending[internal[i]] for i in live]
+            assert all(blocks), "every row keeps >= 1 uncached token (a cache covering all ids is wrong)"
+            fed = [internal[i] for i in live]
+            for i, b in zip(live, blocks):
+                self.row_stats[rows[i]].computed += len(b) - 1  # observations; the sampled token is decode
+            logits = self._forward(blocks, fed)
+            tok = sample_next(logits, self.sampling, self.generator).tolist()
+            logp = torch.log_softmax(logits, -1)[torch.arange(len(live)), torch.tensor(tok)].tolist()
+            still = []
+            for j, i in enumerate(live):
+                outs[i].ids.append(tok[j])
+                outs[i].logprobs.append(logp[j])
+                self.pending[internal[i]] = [tok[j]]
+                finish = self.engine.stop.check(outs[i].ids)
+                if finish is not None:
+                    outs[i].finish = finish
+                elif len(outs[i].ids) < max_new_tokens[i]:
+                    still.append(i)
+            live = still
+        for r, o in zip(rows, outs):
+            self.row_stats[r].generated += len(o.ids)
+        self._sum_stats()
+        return outs
+
+    def append(self, rows: Sequence[int], ids: Sequence[Sequence[int]]) -> None:
+        """Queue observation ids; they are prefilled with the row's next forward (live cache, no re-prefill)."""
+        for r, extra in zip(rows, ids):
+            self.pending[self.index[r]].extend(int(t) for t in extra)
+
+    def release(self, rows: Sequence[int]) -> None:
+        """Drop finished rows from the cache (the batch gets narrower as episodes end)."""
+        gone = {self.index.pop(r) for r in rows}
+        keep = [i for i in range(len(self.pos)) if i not in gone]
+        if not gone:
+            return
+        remap = {old: new for new, old in enumerate(keep)}
+        self.index = {r: remap[i] for r, i in self.index.items()}
+        sel = torch.tensor(keep, dtype=torch.long, device=self.device)
+        if self.cache.get_seq_length():
+            self.cache.batch_select_indices(sel)
+        self.attn = self.attn[sel]
+        self.pos = [self.pos[i] for i in keep]
+        self.pending = [self.pending[i] for i in keep]
+
+    def _sum_stats(self) -> None:
+        self.stats.computed = sum(s.computed for s in self.row_stats)
+        self.stats.saved = sum(s.saved for s in self.row_stats)
+        self.stats.generated = sum(s.generated for s in self.row_stats)

@@ -1,0 +1,90 @@
+"""The HF engine: prefix-KV reuse and live multi-turn caches give the logits of a full recomputation."""
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from tg.engine import HFEngine, Sampling, StopChecker
+from tg.protocol import STOP_STRINGS
+
+
+def _bpe_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level BPE (like Qwen's) where the protocol tags are split into several tokens."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    text = ["<think> who founded it </think> <search> Zorva </search> <answer> Kalden </answer>"] * 3
+    tok.train_from_iterator(text, trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<|im_end|>"],
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<|im_end|>")
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=128, tie_word_embeddings=False)
+    return Qwen2ForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return _bpe_tokenizer()
+
+
+def _full_logprobs(model, context, ids):
+    """Log-probs of `ids` after `context`, by one full forward with no cache."""
+    x = torch.tensor([context + ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(x).logits[0].float(), -1)
+    return [logp[len(context) - 1 + i, t].item() for i, t in enumerate(ids)]
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+def test_reuse_and_multiturn_match_full_recompute(model, tokenizer, reuse):
+    contexts = [list(range(10, 40)), list(range(50, 62)), [7, 8]]
+    counts = [3, 2, 1]
+    engine = HFEngine(model, tokenizer, prefix_reuse=reuse)
+    batch = engine.open(contexts, counts, Sampling(temperature=1.0, top_p=0.95, seed=3))
+    rows = list(range(6))
+    first = batch.generate(rows, [6] * 6)
+    obs = {0: [100, 101, 102], 3: [120], 4: [130, 131]}
+    batch.release([1, 5])
+    batch.append(list(obs), list(obs.values()))
+    second = batch.generate([0, 2, 3, 4], [5] * 4)
+    ctx_of = [0, 0, 0, 1, 1, 2]
+    for r, out in zip(rows, first):
+        assert out.logprobs == pytest.approx(_full_logprobs(model, contexts[ctx_of[r]], out.ids), abs=1e-5)
+    for r, out in zip([0, 2, 3, 4], second):
+        ctx = contexts[ctx_of[r]] + first[r].ids + obs.get(r, [])
+        assert out.logprobs == pytest.approx(_full_logprobs(model, ctx, out.ids), abs=1e-5)
+
+
+def test_reuse_saves_prefill_and_keeps_tokens(model, tokenizer):
+    contexts, counts = [list(range(10, 60)), list(range(60, 80))], [4, 2]
+    res = {}
+    for reuse in (True, False):
+        b = HFEngine(model, tokenizer, prefix_reuse=reuse).open(contexts, counts, Sampling(seed=1))
+        res[reuse] = ([o.ids for o in b.generate(range(6), [8] * 6)], b.stats)
+    assert res[True][0] == res[False][0]
+    on, off = res[True][1], res[False][1]
+    assert on.saved == 3 * 49 + 1 * 19 and off.saved == 0
+    assert off.computed == on.computed + on.saved
+
+
+def test_multi_token_stop_strings_end_at_the_completing_token(tokenizer):
+    text = "<think> who founded it </think> <search> Zorva </search> <answer> Kalden </answer>"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert len(tokenizer.encode("</search>", add_special_tokens=False)) > 1
+    checker = StopChecker(tokenizer, STOP_STRINGS)
+    assert not checker.by_id
+    cut = next(i for i in range(1, len(ids) + 1) if checker.check(ids[:i]) == "stop")
+    assert "</search>" in tokenizer.decode(ids[:cut]) and "</search>" not in tokenizer.decode(ids[:cut - 1])
+    assert checker.check(ids[:cut] + [tokenizer.eos_token_id]) == "eos"
+
+
+def test_greedy_is_deterministic_and_caps_length(model, tokenizer):
+    engine = HFEngine(model, tokenizer)
+    a = engine.open([list(range(5, 25))], [2], Sampling(temperature=0)).generate([0, 1], [7, 3])
+    assert a[0].ids[:3] == a[1].ids and len(a[1].ids) == 3 and a[1].finish == "length"

@@ -1,0 +1,97 @@
+"""What is trained: full fine-tuning, LoRA, or QLoRA (4-bit NF4 base + LoRA), on one code path.
+
+`trainable_policy(path, cfg)` returns a `TrainablePolicy`: the model to optimise, its trainable
+parameters, and a `reference_logits` that gives the frozen reference policy for the K3 KL term:
+- LoRA / QLoRA: the base model with the adapter disabled (`disable_adapter()`): no second copy;
+- full fine-tuning: a frozen copy of the starting weights (the paper's setting; twice the memory).
+"""
+
+from __future__ import annotations
+
+import copy
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tg.config import ModelConfig
+
+
+def torch_dtype(cfg: ModelConfig, device: torch.device) -> torch.dtype:
+    """float32 on CPU (bf16 is slower there, NOTES.md), bfloat16 on CUDA, unless set explicitly."""
+    if cfg.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, cfg.dtype)
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@dataclass
+class TrainablePolicy:
+    """The policy under training and its frozen reference."""
+
+    model: Any
+    finetune: str
+    reference: Any | None = None
+    """Full fine-tuning only: the frozen starting model."""
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def reference_context(self) -> Any:
+        """Context in which `self.reference_model` computes the reference policy."""
+        return self.model.disable_adapter() if self.finetune != "full" else nullcontext()
+
+    @property
+    def reference_model(self) -> Any:
+        return self.reference if self.finetune == "full" else self.model
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The trained weights only (the adapter for LoRA / QLoRA)."""
+        if self.finetune == "full":
+            return self.model.state_dict()
+        from peft import get_peft_model_state_dict
+        return get_peft_model_state_dict(self.model)
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        if self.finetune == "full":
+            self.model.load_state_dict(state)
+        else:
+            from peft import set_peft_model_state_dict
+            set_peft_model_state_dict(self.model, state)
+
+
+def _load_base(path: str | Path, cfg: ModelConfig, device: torch.device) -> Any:
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    dtype = torch_dtype(cfg, device)
+    kwargs: dict[str, Any] = dict(dtype=dtype)
+    if cfg.finetune == "qlora":
+        kwargs["quantization_config"] = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                                           bnb_4bit_compute_dtype=dtype)
+        kwargs["device_map"] = {"": device.index or 0} if device.type == "cuda" else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+    return model if cfg.finetune == "qlora" else model.to(device)
+
+
+def trainable_policy(path: str | Path, cfg: ModelConfig, device: torch.device | None = None) -> TrainablePolicy:
+    """Load the policy at `path` (a local directory or hub id) ready to train as `cfg.finetune` says."""
+    device = device or default_device()
+    model = _load_base(path, cfg, device)
+    if cfg.finetune == "full":
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        reference = copy.deepcopy(model).eval().requires_grad_(False)
+        return TrainablePolicy(model, "full", reference)
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    if cfg.finetune == "qlora":
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=cfg.gradient_checkpointing,
+                                                gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules=list(cfg.lora_targets), task_type="CAUSAL_LM")
+    return TrainablePolicy(get_peft_model(model, lora), cfg.finetune)

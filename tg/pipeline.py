@@ -1,0 +1,79 @@
+"""From a `Config` to the things a run needs: questions, retriever, environment, policy path.
+
+The cpu preset builds the synthetic world and warms up the tiny policy (both cached on disk);
+the paper presets read prepared NQ / HotpotQA files (`tg data prepare`) and a hub model, and
+retrieve over HTTP from a Search-R1 style server or with BM25 over a local corpus.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tg.config import Config, ConfigError
+from tg.data import Question, load_split
+from tg.env import SearchEnv
+from tg.retrieval import CachedRetriever, bm25_for
+from tg.server import HTTPRetriever
+from tg.world import ensure_world, resolve
+
+SINGLE_SOURCES = ("synthetic_single", "nq", "triviaqa", "popqa")
+"""Data sources averaged as single-hop (the paper's Table 1 left half)."""
+
+
+@dataclass
+class Resources:
+    """Questions, retriever and environment of one config, and where its starting policy lives."""
+
+    data_dir: Path
+    train: list[Question]
+    test: list[Question]
+    retriever: Any
+    policy_path: str
+
+    def env(self, tokenizer: Any, cfg: Config) -> SearchEnv:
+        return SearchEnv(tokenizer, self.retriever, top_k=cfg.data.top_k, max_obs_tokens=cfg.agent.max_obs_tokens,
+                         max_turns=cfg.agent.max_turns)
+
+    def test_sets(self, cfg: Config) -> tuple[list[Question], list[Question]]:
+        """(single-hop, multi-hop) test questions, truncated to eval.n_single / eval.n_multi."""
+        single = [q for q in self.test if q.data_source in SINGLE_SOURCES]
+        multi = [q for q in self.test if q.data_source not in SINGLE_SOURCES]
+        return single[: cfg.eval.n_single], multi[: cfg.eval.n_multi]
+
+
+def _data_dir(cfg: Config) -> Path:
+    if cfg.data.source == "synthetic":
+        return ensure_world(cfg.data, cfg.cache_dir)
+    d = resolve(cfg.data.data_dir)
+    if not d.exists():
+        raise ConfigError(f"data.data_dir {str(d)!r} does not exist: run `tg data prepare --setting "
+                          f"{cfg.data.setting} --out {cfg.data.data_dir}` first")
+    return d
+
+
+def _retriever(cfg: Config, data_dir: Path) -> Any:
+    if cfg.data.retriever == "http":
+        return HTTPRetriever(cfg.data.retriever_url)
+    corpus = data_dir / "corpus.jsonl"
+    if not corpus.exists():
+        raise ConfigError(f"data.retriever = 'bm25' needs a corpus at {corpus} (JSONL with id and contents); "
+                          "or set data.retriever = 'http' and data.retriever_url")
+    return CachedRetriever(bm25_for(corpus))
+
+
+def _policy_path(cfg: Config) -> str:
+    if cfg.model.name_or_path != "tiny":
+        return cfg.model.name_or_path
+    if not cfg.warmup.enabled:
+        raise ConfigError("model.name_or_path = 'tiny' needs warmup.enabled = true (a random tiny model "
+                          "cannot follow the protocol)")
+    from tg.warmup import warmed_up_policy
+    return str(warmed_up_policy(cfg))
+
+
+def load_resources(cfg: Config) -> Resources:
+    """Build or load everything the config names (world, index, warmed-up policy are cached)."""
+    d = _data_dir(cfg)
+    return Resources(d, load_split(d, "train"), load_split(d, "test"), _retriever(cfg, d), _policy_path(cfg))

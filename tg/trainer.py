@@ -1,0 +1,318 @@
+"""Chain GRPO and Tree-GRPO training on one device: the one place that wires rollouts, rewards,
+advantages and the loss (PAPER.md 2, 4.5).
+
+One step:
+1. take the next `prompts_per_step` training questions (a seeded permutation per epoch);
+2. roll out M trees per question (chains: M = G, N = L = 0) with the engine and the search env;
+3. score every leaf (Eq. 13), compute advantages (Eq. 5-7; chains: plain GRPO by prompt);
+4. one training row per leaf: its exact sampled ids and observation mask (shared prefixes repeat);
+5. old log-probs once, reference log-probs once (adapter disabled), then PPO mini-batches of
+   `mini_batch_prompts` questions, with gradient accumulation over `micro_batch_rows` rows, AdamW,
+   linear warm-up then constant LR, grad-norm clip.
+
+Metrics (one JSONL row per step; the glossary is `METRICS`, also in the README).
+Deviations, numbered:
+1. With one mini-batch per step the old log-probs equal the current ones before the update, so
+   they are taken from the update's own forward (detached): one forward saved, same numbers.
+   With several mini-batches they are computed once, before the first update.
+2. Micro-batch losses are weighted by their share of the mini-batch (rows for seq-mean, policy
+   tokens for token-mean), so accumulation gives exactly the mini-batch aggregate; the official
+   code divides by the number of accumulation steps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from tg.advantage import tree_grpo_parts
+from tg.budget import Ledger, ledgers
+from tg.config import Config
+from tg.engine import HFEngine, Sampling
+from tg.env import SearchEnv
+from tg.finetune import TrainablePolicy
+from tg.loss import entropy_from_logits, grpo_loss, token_logprobs
+from tg.data import Question
+from tg.protocol import prompt_ids
+from tg.reward import answer_score, is_valid_format, reward
+from tg.tree import Tree, sample_trees
+
+METRICS: dict[str, str] = {
+    "step": "training step (1-based)",
+    "reward": "mean training reward over the step's leaves (Eq. 13)",
+    "em": "mean exact match of the leaves' last answers (no format term)",
+    "format_valid": "share of leaves with a valid think/search/answer format",
+    "tool_calls": "searches per question, summed over all its tree nodes",
+    "tool_calls_per_traj": "searches on a root-to-leaf trajectory, mean over leaves",
+    "generated": "policy tokens sampled per question (shared prefixes once)",
+    "prefill": "context tokens the engine computed per question",
+    "prefill_saved": "context tokens saved by prefix reuse per question",
+    "trajectories": "leaves (training rows) per question",
+    "zero_std_intra": "share of trees whose leaves all have the same reward (no intra-tree signal)",
+    "zero_std_inter": "share of questions whose leaves all have the same reward (no inter-tree signal)",
+    "adv_mean": "mean advantage over rows", "adv_std": "std of the advantage over rows",
+    "adv_intra_std": "std of the intra-tree part", "adv_inter_std": "std of the inter-tree part",
+    "loss": "total loss of the last mini-batch", "pg_loss": "policy-gradient part",
+    "kl": "K3 KL to the reference, aggregated like the loss", "clip_frac": "share of policy tokens clipped",
+    "entropy": "mean policy entropy on policy tokens", "grad_norm": "global grad norm before clipping",
+    "lr": "learning rate", "rollout_s": "rollout wall seconds", "update_s": "old/ref log-probs + update seconds",
+}
+
+
+class NonFiniteError(RuntimeError):
+    """A loss or gradient is NaN/inf: the step is stopped and no checkpoint is written."""
+
+
+@dataclass
+class Rows:
+    """Training rows, right-padded: ids, attention and policy masks [R, T]; advantages [R]."""
+
+    ids: torch.Tensor
+    attn: torch.Tensor
+    mask: torch.Tensor
+    adv: torch.Tensor
+    question: list[int]
+
+
+def build_rows(trees: Sequence[Tree], adv: torch.Tensor, pad_id: int) -> Rows:
+    """One row per leaf, in the order of `leaf_rewards`: the exact sampled ids and observation mask."""
+    trajs = [t.trajectory(leaf) for t in trees for leaf in t.leaves()]
+    width = max(len(x.ids) for x in trajs)
+    ids = torch.full((len(trajs), width), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    mask = torch.zeros_like(ids)
+    for i, x in enumerate(trajs):
+        ids[i, :len(x.ids)] = torch.tensor(x.ids)
+        attn[i, :len(x.ids)] = 1
+        mask[i, :len(x.ids)] = torch.tensor(x.mask)
+    return Rows(ids, attn, mask, adv.float(), [t.question for t in trees for _ in t.leaves()])
+
+
+def leaf_rewards(trees: Sequence[Tree], golds: Sequence[Sequence[str]], mode: str, penalty: float) -> dict[str, list]:
+    """Score every leaf (filling `tree.rewards`); returns per-leaf reward, EM, format validity, ids."""
+    out: dict[str, list] = {k: [] for k in ("reward", "em", "valid", "tree", "prompt", "calls")}
+    for k, tree in enumerate(trees):
+        for leaf in tree.leaves():
+            texts = [s.text for s in tree.path(leaf)]
+            tree.rewards[leaf] = reward(texts, golds[tree.question], mode=mode, format_penalty=penalty)
+            out["reward"].append(tree.rewards[leaf])
+            out["em"].append(answer_score("".join(texts), golds[tree.question]))
+            out["valid"].append(float(is_valid_format(texts)))
+            out["tree"].append(k)
+            out["prompt"].append(tree.question)
+            out["calls"].append(tree.trajectory(leaf).tool_calls)
+    return out
+
+
+def _zero_std_share(values: Sequence[float], groups: Sequence[int]) -> float:
+    by: dict[int, set[float]] = {}
+    for v, g in zip(values, groups):
+        by.setdefault(g, set()).add(v)
+    return sum(len(s) == 1 for s in by.values()) / max(len(by), 1)
+
+
+def _set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    """Owns the policy, optimiser, schedule, data position and checkpoints of one run."""
+
+    def __init__(self, cfg: Config, policy: TrainablePolicy, tokenizer: Any, env: SearchEnv,
+                 questions: Sequence[Question], run_dir: str | Path) -> None:
+        self.cfg, self.policy, self.tokenizer, self.env = cfg, policy, tokenizer, env
+        self.questions = list(questions)
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        o = cfg.optim
+        self.optimizer = torch.optim.AdamW(policy.parameters(), lr=o.lr, weight_decay=o.weight_decay)
+        warm = max(1, round(o.warmup_ratio * o.steps))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warm) if o.warmup_ratio > 0 else 1.0)
+        self.engine = HFEngine(policy.model, tokenizer, prefix_reuse=cfg.tree.prefix_reuse)
+        self.step_done = 0
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    # ---- data ------------------------------------------------------------------------------------
+    def batch_questions(self, step: int) -> list[Question]:
+        """Questions of step `step` (0-based): consecutive slices of seeded per-epoch permutations."""
+        p, n = self.cfg.optim.prompts_per_step, len(self.questions)
+        out = []
+        for pos in range(step * p, (step + 1) * p):
+            epoch, i = divmod(pos, n)
+            order = random.Random(self.cfg.optim.seed * 7919 + epoch).sample(range(n), n)
+            out.append(self.questions[order[i]])
+        return out
+
+    # ---- rollout ---------------------------------------------------------------------------------
+    def rollout(self, questions: Sequence[Question], step: int) -> tuple[list[list[Tree]], list[Ledger]]:
+        t, a = self.cfg.tree, self.cfg.agent
+        self.policy.model.eval()
+        seed = self.cfg.optim.seed * 1_000_003 + step
+        trees, stats = sample_trees(
+            self.engine, self.env, [prompt_ids(self.tokenizer, q.question) for q in questions],
+            M=t.M, N=t.N, L=t.L, node_rule=t.node_rule, rng=random.Random(seed),
+            sampling=Sampling(a.temperature, a.top_p, seed), max_step_tokens=a.max_step_tokens,
+            max_context_tokens=a.max_context_tokens)
+        return trees, ledgers(trees, stats)
+
+    # ---- log-probs and the update ----------------------------------------------------------------
+    def _forward_logprobs(self, model: Any, rows: Rows, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dev = next(model.parameters()).device
+        width = int(rows.attn[idx].sum(1).max())
+        ids, attn = rows.ids[idx, :width].to(dev), rows.attn[idx, :width].to(dev)
+        logits = model(input_ids=ids, attention_mask=attn).logits
+        return token_logprobs(logits, ids), logits
+
+    @torch.no_grad()
+    def _frozen_logprobs(self, rows: Rows, micros: Sequence[torch.Tensor], reference: bool) -> list[torch.Tensor]:
+        """Log-probs per micro-batch without gradient: of the reference (adapter disabled) or the old policy."""
+        model = self.policy.reference_model if reference else self.policy.model
+        with self.policy.reference_context() if reference else torch.no_grad():
+            return [self._forward_logprobs(model, rows, idx)[0] for idx in micros]
+
+    def _micro_loss(self, rows: Rows, idx: torch.Tensor, old: torch.Tensor | None, ref: torch.Tensor | None,
+                    weight: float) -> dict:
+        o = self.cfg.optim
+        logp, logits = self._forward_logprobs(self.policy.model, rows, idx)
+        mask = rows.mask[idx, :logp.shape[1]].to(logp.device).float()
+        ent = entropy_from_logits(logits if o.entropy_coef > 0 else logits.detach())
+        loss, stats = grpo_loss(logp, logp.detach() if old is None else old, rows.adv[idx].to(logp.device), mask,
+                                ref_logp=ref, entropy=ent, clip_low=o.clip_low, clip_high=o.clip_high,
+                                dual_clip=o.dual_clip, agg=o.loss_agg, kl_beta=o.kl_beta, entropy_coef=o.entropy_coef)
+        if not torch.isfinite(loss):
+            raise NonFiniteError(f"step {self.step_done + 1}: loss is {loss.item()} (pg_loss {stats['pg_loss']}, "
+                                 f"kl {stats['kl']}); no checkpoint written")
+        (loss * weight).backward()
+        stats["loss"] = float(loss)
+        return stats
+
+    def _micro_batches(self, rows: Rows) -> list[list[torch.Tensor]]:
+        """Row indices per PPO mini-batch (consecutive questions), split into micro-batches."""
+        o = self.cfg.optim
+        q = torch.tensor(rows.question)
+        firsts = sorted(set(rows.question))
+        out = []
+        for b in range(0, len(firsts), o.mini_batch_prompts):
+            idx = torch.nonzero(torch.isin(q, torch.tensor(firsts[b:b + o.mini_batch_prompts]))).flatten()
+            out.append(list(idx.split(o.micro_batch_rows)))
+        return out
+
+    def update(self, rows: Rows) -> dict[str, float]:
+        """One PPO epoch over the mini-batches; returns the last mini-batch's stats."""
+        o = self.cfg.optim
+        minis = self._micro_batches(rows)
+        flat = [idx for mini in minis for idx in mini]
+        ref = iter(self._frozen_logprobs(rows, flat, reference=True)) if o.kl_beta > 0 else None
+        old = iter(self._frozen_logprobs(rows, flat, reference=False)) if len(minis) > 1 else None
+        sizes = rows.mask.sum(1).float() if o.loss_agg == "token-mean" else torch.ones(len(rows.question))
+        self.policy.model.train()
+        stats: dict[str, float] = {}
+        for mini in minis:
+            total = sum(float(sizes[idx].sum()) for idx in mini)
+            for idx in mini:
+                stats = self._micro_loss(rows, idx, next(old) if old else None, next(ref) if ref else None,
+                                         float(sizes[idx].sum()) / total)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), o.grad_clip)
+            if not torch.isfinite(grad_norm):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise NonFiniteError(f"step {self.step_done + 1}: grad_norm is {grad_norm.item()}; "
+                                     "no checkpoint written")
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        stats.update(grad_norm=float(grad_norm), lr=self.scheduler.get_last_lr()[0])
+        return stats
+
+    # ---- one step ----------------------------------------------------------------------------------
+    def step(self) -> dict[str, float]:
+        o, s = self.cfg.optim, self.step_done
+        questions = self.batch_questions(s)
+        t0 = time.perf_counter()
+        trees, leds = self.rollout(questions, s)
+        flat = [t for ts in trees for t in ts]
+        t1 = time.perf_counter()
+        sc = leaf_rewards(flat, [q.golden_answers for q in questions], self.cfg.agent.reward,
+                          self.cfg.agent.format_penalty)
+        mode = "chain" if self.cfg.tree.is_chain else o.advantage
+        adv = tree_grpo_parts(torch.tensor(sc["reward"], dtype=torch.float64), torch.tensor(sc["tree"]),
+                              torch.tensor(sc["prompt"]), mode=mode, eps=o.adv_eps, unbiased=o.adv_unbiased_std,
+                              singleton=o.adv_singleton)
+        stats = self.update(build_rows(flat, adv.total, self.pad_id))
+        self.step_done += 1
+        led = Ledger.total(leds).per(len(questions))
+        return {"step": self.step_done, "reward": float(np.mean(sc["reward"])), "em": float(np.mean(sc["em"])),
+                "format_valid": float(np.mean(sc["valid"])), "tool_calls": led["tool_calls"],
+                "tool_calls_per_traj": float(np.mean(sc["calls"])), "generated": led["generated"],
+                "prefill": led["prefill_computed"], "prefill_saved": led["prefill_saved"],
+                "trajectories": led["trajectories"], "zero_std_intra": _zero_std_share(sc["reward"], sc["tree"]),
+                "zero_std_inter": _zero_std_share(sc["reward"], sc["prompt"]),
+                "adv_mean": float(adv.total.mean()), "adv_std": float(adv.total.std()),
+                "adv_intra_std": float(adv.intra.std()), "adv_inter_std": float(adv.inter.std()),
+                **{k: stats[k] for k in ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm", "lr")},
+                "rollout_s": t1 - t0, "update_s": time.perf_counter() - t1}
+
+    # ---- checkpoints --------------------------------------------------------------------------------
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.run_dir / "checkpoint.pt"
+
+    def save_checkpoint(self) -> Path:
+        """Weights (adapter for LoRA), optimiser, scheduler, every RNG, step: temp file, then rename."""
+        state = {"weights": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "scheduler": self.scheduler.state_dict(), "step": self.step_done,
+                 "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
+                         "torch": torch.get_rng_state()}, "config": self.cfg.to_dict()}
+        tmp = self.checkpoint_path.with_suffix(".pt.tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, self.checkpoint_path)
+        return self.checkpoint_path
+
+    def load_checkpoint(self) -> int:
+        state = torch.load(self.checkpoint_path, weights_only=False)
+        self.policy.load_state_dict(state["weights"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        random.setstate(state["rng"]["python"])
+        np.random.set_state(state["rng"]["numpy"])
+        torch.set_rng_state(state["rng"]["torch"])
+        self.step_done = state["step"]
+        return self.step_done
+
+    # ---- the loop -------------------------------------------------------------------------------------
+    def fit(self, steps: int | None = None, resume: bool = False, progress: bool = True) -> list[dict]:
+        """Train to `steps` (default optim.steps); append metrics to metrics.jsonl; checkpoint every K steps."""
+        total = steps or self.cfg.optim.steps
+        metrics_path = self.run_dir / "metrics.jsonl"
+        if resume and self.checkpoint_path.exists():
+            self.load_checkpoint()
+        elif not resume:
+            _set_seed(self.cfg.optim.seed)
+        kept = [json.loads(x) for x in metrics_path.read_text().splitlines()] if metrics_path.exists() and resume else []
+        kept = [r for r in kept if r["step"] <= self.step_done]
+        metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        every = self.cfg.optim.checkpoint_every
+        bar = tqdm(total=total, initial=self.step_done, desc="train", disable=not progress)
+        while self.step_done < total:
+            row = self.step()
+            kept.append(row)
+            with metrics_path.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            if (every and self.step_done % every == 0) or self.step_done == total:
+                self.save_checkpoint()
+            bar.update(1)
+            bar.set_postfix(reward=f"{row['reward']:.3f}", em=f"{row['em']:.3f}")
+        bar.close()
+        return kept

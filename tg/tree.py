@@ -1,0 +1,157 @@
+"""Tree rollouts: initialize-then-expand sampling (Algorithm 1 of arXiv 2509.21240, PAPER.md 1.2-1.3).
+
+A tree node is one whole agent step (think, action, observation); the root holds the prompt.
+For each prompt: M independent chains seed M trees (initialisation); then L rounds, each picking N
+nodes per tree and continuing each from its full root-to-node context with the same step loop until
+the episode ends; each continuation becomes a new branch under the picked node. Leaves per tree =
+1 + L N; trajectories per prompt = M (1 + L N). Chains are the case N = L = 0: the same code path.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from tg.engine import Engine, Sampling
+from tg.env import SearchEnv
+from tg.protocol import Step, Trajectory
+from tg.rollout import Start, run_episodes
+
+
+@dataclass
+class Node:
+    """A step node. `step` is None for the root (the prompt)."""
+
+    id: int
+    parent: int
+    """Parent node id; -1 for the root."""
+    step: Step | None
+    depth: int
+    """Steps from the root to this node (root 0); a branch from here has max_turns - depth turns left."""
+    children: list[int] = field(default_factory=list)
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.step is not None and self.step.ends_episode
+
+
+@dataclass
+class Tree:
+    """One tree of one prompt. Nodes are stored in creation order (the root is node 0)."""
+
+    question: int
+    """Index of the question in the batch."""
+    prompt_ids: list[int]
+    nodes: list[Node] = field(default_factory=list)
+    rewards: dict[int, float] = field(default_factory=dict)
+    """Leaf id -> outcome reward (filled by the caller's scorer)."""
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            self.nodes.append(Node(0, -1, None, 0))
+
+    def add_path(self, parent: int, steps: Sequence[Step]) -> int:
+        """Insert `steps` as a new branch under `parent`; returns the new leaf's id."""
+        for step in steps:
+            node = Node(len(self.nodes), parent, step, self.nodes[parent].depth + 1)
+            self.nodes[parent].children.append(node.id)
+            self.nodes.append(node)
+            parent = node.id
+        return parent
+
+    def path(self, node: int) -> list[Step]:
+        """The steps from the root to `node`, in order."""
+        steps = []
+        while node > 0:
+            steps.append(self.nodes[node].step)
+            node = self.nodes[node].parent
+        return steps[::-1]
+
+    def context(self, node: int) -> list[int]:
+        """Exact token ids of the prompt plus every step up to and including `node`."""
+        return self.prompt_ids + [t for s in self.path(node) for t in s.ids]
+
+    def leaves(self) -> list[int]:
+        return [n.id for n in self.nodes if n.is_leaf]
+
+    def trajectory(self, leaf: int) -> Trajectory:
+        return Trajectory(self.prompt_ids, self.path(leaf), reward=self.rewards.get(leaf, 0.0))
+
+    def parents(self) -> list[int]:
+        """The parent array (root -1), as `tg.advantage.node_advantages` takes it."""
+        return [n.parent for n in self.nodes]
+
+
+def expansion_candidates(tree: Tree, rule: str) -> list[int]:
+    """Nodes an expansion may start from.
+
+    'paper'    (default): the tree's non-leaf step nodes (the root excluded). If there are none (the
+               seed chain answered in its first step), the root: a deviation, as the paper leaves it open.
+    'official' : the root plus every non-leaf step node, as the official code's get_expand_node.
+    """
+    inner = [n.id for n in tree.nodes[1:] if not n.is_leaf]
+    if rule == "official":
+        return [0] + inner
+    return inner or [0]
+
+
+def choose_nodes(tree: Tree, n: int, rule: str, rng: random.Random) -> list[int]:
+    """Pick N expansion nodes of one tree, reproducibly from `rng`.
+
+    'paper': N distinct candidates uniformly at random (with replacement only when fewer than N exist);
+    'official': N draws uniformly with replacement over root + non-leaf nodes (random.choices), so a
+    fresh chain from the root and repeated picks are possible, and the mean start depth is lower
+    (each expansion costs about (T+1)/(2T) of a chain instead of the paper's 1/2).
+    """
+    cands = expansion_candidates(tree, rule)
+    if rule == "paper" and len(cands) >= n:
+        return sorted(rng.sample(cands, n))
+    return rng.choices(cands, k=n)
+
+
+@dataclass
+class RolloutStats:
+    """Engine accounting per question (the ledger adds counts recounted from the trees)."""
+
+    prefill_computed: list[int]
+    prefill_saved: list[int]
+    generated: list[int]
+    """Tokens the engine sampled per question (the ledger's recount from the trees must match)."""
+    seconds: float
+
+
+def sample_trees(engine: Engine, env: SearchEnv, prompts: Sequence[list[int]], *, M: int, N: int, L: int,
+                 sampling: Sampling, rng: random.Random, node_rule: str = "paper", max_step_tokens: int = 500,
+                 max_context_tokens: int = 4096) -> tuple[list[list[Tree]], RolloutStats]:
+    """Initialize-then-expand for a batch of prompts; returns M trees per prompt and engine accounting.
+
+    Every round batches all trees of all prompts into one `run_episodes` call. A node picked k times
+    is one start with count k, so its context is prefilled once (prefix reuse) and k branches decode.
+    """
+    t0 = time.perf_counter()
+    trees = [[Tree(q, list(p)) for _ in range(M)] for q, p in enumerate(prompts)]
+    computed, saved, generated = [0] * len(prompts), [0] * len(prompts), [0] * len(prompts)
+    kw = dict(max_step_tokens=max_step_tokens, max_context_tokens=max_context_tokens)
+
+    def run(starts: list[Start], targets: list[list[tuple[Tree, int]]]) -> None:
+        eps = run_episodes(engine, env, starts, sampling, **kw)
+        slots = [slot for t in targets for slot in t]
+        for ep, (tree, parent) in zip(eps, slots):
+            tree.add_path(parent, ep.steps)
+            computed[tree.question] += ep.prefill.computed
+            saved[tree.question] += ep.prefill.saved
+            generated[tree.question] += ep.prefill.generated
+
+    run([Start(list(p), M) for p in prompts], [[(t, 0) for t in ts] for ts in trees])
+    for _ in range(L):
+        starts, targets = [], []
+        for tree in (t for ts in trees for t in ts):
+            picks = choose_nodes(tree, N, node_rule, rng)
+            for node in sorted(set(picks)):
+                k = picks.count(node)
+                starts.append(Start(tree.context(node), k, tree.nodes[node].depth))
+                targets.append([(tree, node)] * k)
+        run(starts, targets)
+    return trees, RolloutStats(computed, saved, generated, time.perf_counter() - t0)
