@@ -1,0 +1,48 @@
+"""Shared fixtures: the synthetic world, a random-init tiny policy (the paper model's class), the env."""
+
+import pytest
+import torch
+
+from tg.config import load_config
+from tg.data import load_split
+from tg.env import SearchEnv
+from tg.policy import build_tiny_policy
+from tg.retrieval import CachedRetriever, bm25_for
+from tg.world import ensure_world, load_world
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def cfg():
+    return load_config("cpu")
+
+
+@pytest.fixture(scope="session")
+def world_dir(cfg):
+    return ensure_world(cfg.data, cfg.cache_dir)
+
+
+@pytest.fixture(scope="session")
+def random_policy(cfg, world_dir):
+    """A random-init tiny Qwen2 and the world's tokenizer: protocol-blind, but every code path runs."""
+    torch.manual_seed(0)
+    model, tok = build_tiny_policy(cfg.model, load_world(world_dir))
+    return model.eval(), tok
+
+
+@pytest.fixture(scope="session")
+def retriever(world_dir):
+    return CachedRetriever(bm25_for(world_dir / "corpus.jsonl"))
+
+
+@pytest.fixture(scope="session")
+def make_env(retriever):
+    def make(tokenizer, max_turns=3, max_obs_tokens=500):
+        return SearchEnv(tokenizer, retriever, top_k=3, max_obs_tokens=max_obs_tokens, max_turns=max_turns)
+    return make
+
+
+@pytest.fixture(scope="session")
+def train_questions(world_dir):
+    return load_split(world_dir, "train")

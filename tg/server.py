@@ -1,0 +1,256 @@
+"""Search-R1's retrieval-server contract: a client (`HTTPRetriever`) and a standard-library server.
+
+The contract (Search-R1 `search_r1/search/retrieval_server.py`, PAPER.md 4.3, 6.5):
+
+    POST /retrieve  {"queries": ["q1", ...], "topk": 3, "return_scores": true}
+    200             {"result": [[{"document": {"id": "0", "contents": "\\"Title\\"\\ntext"}, "score": 0.83}, ...], ...]}
+
+With `return_scores` false each inner list holds the documents themselves. wiki-18 documents carry
+the title on the first line of `contents`; tg's server also sends an explicit `title`.
+
+- `HTTPRetriever(url)` is a `tg.retrieval.Retriever` backed by any such server (Search-R1's E5 +
+  FAISS server, or tg's own). Each request has a timeout; connection failures, timeouts and 5xx
+  answers are retried with exponential backoff, then ONE `RetrieverUnavailableError` names the URL
+  and what to start. A malformed answer raises `RetrieverResponseError` at once.
+- `serve(retriever, host, port)` answers the same contract from any `Retriever`, with only
+  `http.server`; `start_background(...)` runs it in a thread (tests, notebooks).
+
+Departures from Search-R1's server, numbered:
+1. A retriever without scores answers `"score": null` (Search-R1's clients ignore the score).
+2. Bad requests get a 400 with {"error": ...} instead of FastAPI's 422; other paths get a 404.
+3. Binding a non-loopback address needs `allow_remote=True`: the server has no authentication.
+"""
+
+from __future__ import annotations
+
+import http.client
+import ipaddress
+import json
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Sequence
+from urllib.parse import urlsplit
+
+from tg.retrieval import Retriever, doc_title
+
+log = logging.getLogger(__name__)
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+"""urllib without proxies: a proxy would swallow requests to a loopback retrieval server."""
+
+
+class RetrieverUnavailableError(ConnectionError):
+    """The retrieval server did not answer after all retries."""
+
+
+class RetrieverResponseError(ValueError):
+    """The retrieval server answered, but not in the Search-R1 `/retrieve` format."""
+
+
+def _garbage(url: str, why: str) -> RetrieverResponseError:
+    return RetrieverResponseError(f"retrieval server at {url} gave a malformed answer: {why}. Expected "
+                                  '{"result": [[{"document": {"id", "contents"}, "score"}, ...] per query]}.')
+
+
+def _to_doc(item: Any, url: str) -> dict[str, Any]:
+    """One answer entry -> {id, title, contents} (+ score when the server gave a number)."""
+    document = item.get("document", item) if isinstance(item, dict) else None
+    if not isinstance(document, dict) or not isinstance(document.get("contents"), str):
+        raise _garbage(url, f"an entry has no document with a string `contents`: {str(item)[:200]!r}")
+    doc_id = document.get("id")
+    doc = {"id": "" if doc_id is None else str(doc_id), "title": doc_title(document), "contents": document["contents"]}
+    score = item.get("score")
+    if isinstance(score, (int, float)) and not isinstance(score, bool):
+        doc["score"] = float(score)
+    return doc
+
+
+def parse_response(body: bytes, n_queries: int, url: str = "<server>") -> list[list[dict[str, Any]]]:
+    """Decode a `/retrieve` answer into `n_queries` lists of doc dicts; malformed: RetrieverResponseError."""
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise _garbage(url, f"not JSON ({e}); body starts {body[:200]!r}") from e
+    result = data.get("result") if isinstance(data, dict) else None
+    if not isinstance(result, list) or len(result) != n_queries or not all(isinstance(r, list) for r in result):
+        raise _garbage(url, f"`result` is not a list of {n_queries} lists; body starts {body[:200]!r}")
+    return [[_to_doc(item, url) for item in per_query] for per_query in result]
+
+
+class HTTPRetriever:
+    """A `Retriever` that asks a Search-R1 style `/retrieve` server.
+
+    url: the endpoint, e.g. 'http://127.0.0.1:8000/retrieve' (config `data.retriever_url`).
+    timeout: seconds per socket operation (connect, each read). retries: extra attempts after the
+    first. backoff: seconds before the first retry, doubled each time. A dead or silent server
+    fails after at most (retries + 1) * timeout + backoff * (2**retries - 1) seconds.
+    Proxy variables (http_proxy, ...) are ignored: retrieval servers live on the local network.
+    """
+
+    def __init__(self, url: str = "http://127.0.0.1:8000/retrieve", timeout: float = 30.0, retries: int = 3,
+                 backoff: float = 0.5) -> None:
+        if timeout <= 0 or retries < 0 or backoff < 0:
+            raise ValueError(f"need timeout > 0, retries >= 0, backoff >= 0; got {timeout}, {retries}, {backoff}")
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"retriever url {url!r} is not an http(s) URL like http://127.0.0.1:8000/retrieve")
+        self.url, self.timeout, self.retries, self.backoff = url, timeout, retries, backoff
+        self.name = f"http:{url}"
+
+    def search(self, queries: Sequence[str], k: int) -> list[list[dict[str, Any]]]:
+        """Top-k documents per query, as the server ranks them."""
+        if not queries:
+            return []
+        payload = {"queries": list(queries), "topk": int(k), "return_scores": True}
+        return parse_response(self._post(json.dumps(payload).encode()), len(queries), self.url)
+
+    def _post(self, data: bytes) -> bytes:
+        """POST with bounded retries; transient failures end in one RetrieverUnavailableError."""
+        last: Exception | None = None
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff * 2 ** (attempt - 1))
+            request = urllib.request.Request(self.url, data=data, headers={"Content-Type": "application/json"})
+            try:
+                with _OPENER.open(request, timeout=self.timeout) as response:
+                    return response.read()
+            except urllib.error.HTTPError as e:
+                if e.code < 500:  # the server is up but refuses the request: retrying will not help
+                    raise RetrieverResponseError(f"retrieval server at {self.url} refused the request: "
+                                                 f"HTTP {e.code} {e.read()[:200]!r}") from e
+                last = e
+            except OSError as e:  # refused or reset connections, timeouts (URLError, TimeoutError)
+                last = e
+            except http.client.HTTPException as e:  # something answered, but not in HTTP
+                raise _garbage(self.url, f"not an HTTP response ({type(e).__name__}: {e})") from e
+            log.debug("retrieval attempt %d/%d at %s failed: %s", attempt + 1, self.retries + 1, self.url, last)
+        port = urlsplit(self.url).port or 8000
+        raise RetrieverUnavailableError(
+            f"no retrieval server answered at {self.url} after {self.retries + 1} attempts "
+            f"(last error: {last}). Start one with `tg retriever serve --corpus <corpus.jsonl> --port {port}` "
+            f"(or Search-R1's retrieval_server.py), or set data.retriever='bm25' to search in-process.")
+
+
+# ---- the server ---------------------------------------------------------------------------------
+
+def _read_request(body: bytes, default_topk: int) -> tuple[list[str], int, bool]:
+    """Validate a `/retrieve` request body; ValueError says what is wrong."""
+    data = json.loads(body)
+    if not isinstance(data, dict):
+        raise ValueError("body must be a JSON object")
+    queries, topk = data.get("queries"), data.get("topk") or default_topk
+    if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
+        raise ValueError("`queries` must be a list of strings")
+    if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
+        raise ValueError("`topk` must be a positive integer")
+    return queries, topk, bool(data.get("return_scores", False))
+
+
+def _encode(docs: list[dict[str, Any]], return_scores: bool) -> list[Any]:
+    plain = [{"id": d.get("id"), "title": d.get("title", ""), "contents": d["contents"]} for d in docs]
+    if not return_scores:
+        return plain
+    return [{"document": p, "score": float(d["score"]) if "score" in d else None} for p, d in zip(plain, docs)]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: "_Server"
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+        if self.path.rstrip("/") != "/retrieve":
+            return self._send(404, {"error": f"unknown path {self.path}; POST /retrieve"})
+        try:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            queries, topk, scores = _read_request(body, self.server.default_topk)
+        except ValueError as e:  # includes json.JSONDecodeError
+            return self._send(400, {"error": f"bad request: {e}"})
+        try:
+            with self.server.lock:  # retrievers need not be thread-safe
+                results = self.server.retriever.search(queries, topk)
+            payload = {"result": [_encode(docs, scores) for docs in results]}
+        except Exception as e:  # noqa: BLE001 (any retriever failure becomes a 500, never a dead thread)
+            log.exception("retriever failed")
+            return self._send(500, {"error": f"retriever failed: {type(e).__name__}: {e}"})
+        self._send(200, payload)
+
+    def _send(self, code: int, payload: dict[str, Any]) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's signature)
+        log.debug("%s " + format, self.address_string(), *args)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], retriever: Retriever, default_topk: int) -> None:
+        super().__init__(address, _Handler)
+        self.retriever, self.default_topk, self.lock = retriever, default_topk, threading.Lock()
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: cannot tell without resolving it
+        return False
+
+
+def make_server(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, default_topk: int = 3,
+                allow_remote: bool = False) -> ThreadingHTTPServer:
+    """A bound (not yet serving) `/retrieve` server; port 0 picks a free port (departure 3)."""
+    if not allow_remote and not _is_loopback(host):
+        raise ValueError(f"host {host!r} is not a loopback address; the server has no authentication. "
+                         "Pass allow_remote=True to expose it anyway.")
+    return _Server((host, port), retriever, default_topk)
+
+
+def serve(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, default_topk: int = 3,
+          allow_remote: bool = False) -> None:
+    """Answer POST /retrieve from `retriever` until interrupted (blocks)."""
+    with make_server(retriever, host, port, default_topk, allow_remote) as server:
+        log.info("retrieval server on http://%s:%d/retrieve", host, server.server_address[1])
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            log.info("retrieval server stopped")
+
+
+@dataclass
+class BackgroundServer:
+    """A server running in a daemon thread: `.url` to query, `.stop()` (or `with`) to shut it down."""
+
+    url: str
+    server: ThreadingHTTPServer
+    thread: threading.Thread
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+    def __enter__(self) -> "BackgroundServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_background(retriever: Retriever, host: str = "127.0.0.1", port: int = 0,
+                     default_topk: int = 3) -> BackgroundServer:
+    """Start `serve` in a thread on a loopback port (0: a free one) and return its URL and stop handle."""
+    server = make_server(retriever, host, port, default_topk)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), name="tg-retrieval-server",
+                              daemon=True)  # poll 0.05 s: stop() returns quickly
+    thread.start()
+    return BackgroundServer(f"http://{host}:{server.server_address[1]}/retrieve", server, thread)
