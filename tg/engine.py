@@ -108,6 +108,8 @@ class StopChecker:
 
 def sample_next(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator) -> torch.Tensor:
     """Sample one token per row from logits [B, V] (greedy when temperature is 0); returns [B]."""
+    if not torch.isfinite(logits).all():
+        raise FloatingPointError("the policy produced non-finite logits while sampling (NaN/inf weights?)")
     if sampling.temperature == 0:
         return logits.argmax(-1)
     probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)

@@ -77,6 +77,16 @@ def _load_base(path: str | Path, cfg: ModelConfig, device: torch.device) -> Any:
     return model if cfg.finetune == "qlora" else model.to(device)
 
 
+def _no_cpu_inference_packing(model: Any) -> None:
+    """bitsandbytes repacks 4-bit weights for a CPU inference kernel the first time an eval-mode layer
+    runs without grad; training through the repacked weights then fails (an in-place bias add on a
+    leaf view). Rollouts and updates alternate, so keep one layout: the packing is switched off."""
+    import bitsandbytes as bnb
+    for m in model.modules():
+        if isinstance(m, bnb.nn.Linear4bit):
+            m.support_avx512bf16_for_cpu = False
+
+
 def trainable_policy(path: str | Path, cfg: ModelConfig, device: torch.device | None = None) -> TrainablePolicy:
     """Load the policy at `path` (a local directory or hub id) ready to train as `cfg.finetune` says."""
     device = device or default_device()
@@ -88,6 +98,7 @@ def trainable_policy(path: str | Path, cfg: ModelConfig, device: torch.device | 
         return TrainablePolicy(model, "full", reference)
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
     if cfg.finetune == "qlora":
+        _no_cpu_inference_packing(model)
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=cfg.gradient_checkpointing,
                                                 gradient_checkpointing_kwargs={"use_reentrant": False})
     elif cfg.gradient_checkpointing:

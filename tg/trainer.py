@@ -196,7 +196,7 @@ class Trainer:
             raise NonFiniteError(f"step {self.step_done + 1}: loss is {loss.item()} (pg_loss {stats['pg_loss']}, "
                                  f"kl {stats['kl']}); no checkpoint written")
         (loss * weight).backward()
-        stats["loss"] = float(loss)
+        stats["loss"] = float(loss.detach())
         return stats
 
     def _micro_batches(self, rows: Rows) -> list[list[torch.Tensor]]:
@@ -241,7 +241,10 @@ class Trainer:
         o, s = self.cfg.optim, self.step_done
         questions = self.batch_questions(s)
         t0 = time.perf_counter()
-        trees, leds = self.rollout(questions, s)
+        try:
+            trees, leds = self.rollout(questions, s)
+        except FloatingPointError as err:
+            raise NonFiniteError(f"step {s + 1}: rollout failed: {err}; no checkpoint written") from err
         flat = [t for ts in trees for t in ts]
         t1 = time.perf_counter()
         sc = leaf_rewards(flat, [q.golden_answers for q in questions], self.cfg.agent.reward,

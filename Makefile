@@ -1,0 +1,38 @@
+# Two commands do all the set-up: `make demo` (the main job on the CPU preset) and `make test`.
+PY ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints-cpu.txt | cksum | cut -d' ' -f1)
+export TG_PRESET ?= cpu
+
+.PHONY: install demo test test-unit test-notebooks lab figures bench clean
+
+$(STAMP): pyproject.toml constraints-cpu.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# torch==2.13.0 (the CPU build) resolved in the same command as everything else (constraints-cpu.txt).
+	$(BIN)/python -m pip install -q -c constraints-cpu.txt torch -e '.[dev,bench]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/tg demo
+
+test: install
+	$(BIN)/python -m pytest -n 2 --dist loadfile tests
+	$(BIN)/python -m pytest -n 2 --nbmake notebooks; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
+
+lab: install
+	$(BIN)/python -m pip install -q -c constraints-cpu.txt -e '.[lab]'
+	$(BIN)/jupyter lab notebooks
+
+figures: install
+	$(BIN)/python -m figures
+
+bench: install
+	$(BIN)/python bench/rollout.py
+	$(BIN)/python bench/train_step.py
+
+clean:
+	rm -rf $(VENV) .cache runs

@@ -1,0 +1,144 @@
+"""What the `tg` commands do (the CLI parses, this module runs and prints)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tg.config import Config
+from tg.data import Question
+from tg.engine import HFEngine
+from tg.evaluate import EvalResult, append_row, evaluate, result_row
+from tg.finetune import default_device, trainable_policy
+from tg.pipeline import Resources, load_resources
+from tg.trainer import Trainer
+from tg.world import resolve
+
+RESULTS = "results"
+
+
+@dataclass
+class Run:
+    """A trainer, the resources it was built from and its tokenizer."""
+
+    trainer: Trainer
+    resources: Resources
+    tokenizer: Any
+
+
+def build_run(cfg: Config, run_dir: str | Path) -> Run:
+    """Load questions, retriever and the starting policy; save the config into the run directory."""
+    from transformers import AutoTokenizer
+    res = load_resources(cfg)
+    torch.manual_seed(cfg.optim.seed)  # LoRA initialisation
+    policy = trainable_policy(res.policy_path, cfg.model, default_device())
+    tok = AutoTokenizer.from_pretrained(res.policy_path)
+    cfg.save(run_dir)
+    train = [q for q in res.train if _setting_of(q) in (cfg.data.setting, None)]
+    return Run(Trainer(cfg, policy, tok, res.env(tok, cfg), train, run_dir), res, tok)
+
+
+def _setting_of(q: Question) -> str | None:
+    """'single-hop' / 'multi-hop' for synthetic questions; None (any) for prepared files, already one setting."""
+    return {"synthetic_single": "single-hop", "synthetic_multi": "multi-hop"}.get(q.data_source)
+
+
+def evaluate_model(model: Any, tokenizer: Any, res: Resources, cfg: Config, progress: bool = True) -> EvalResult:
+    """Greedy EM on the config's single-hop and multi-hop test sets."""
+    single, multi = res.test_sets(cfg)
+    engine = HFEngine(model, tokenizer)
+    model.eval()
+    return evaluate(engine, res.env(tokenizer, cfg), tokenizer, single + multi, batch_size=cfg.eval.batch_size,
+                    max_step_tokens=cfg.agent.max_step_tokens, max_context_tokens=cfg.agent.max_context_tokens,
+                    progress=progress)
+
+
+def default_run_dir(cfg: Config) -> Path:
+    kind = "chain" if cfg.tree.is_chain else "tree"
+    return resolve("runs") / f"{kind}-{cfg.hash()}"
+
+
+def train(cfg: Config, run_dir: Path | None, resume: bool) -> dict:
+    """Train, evaluate at the end, append a Table-1-shaped row to results/runs.csv."""
+    run_dir = run_dir or default_run_dir(cfg)
+    run = build_run(cfg, run_dir)
+    metrics = run.trainer.fit(resume=resume)
+    result = evaluate_model(run.trainer.policy.model, run.tokenizer, run.resources, cfg)
+    row = result_row(result, cfg, method=method_name(cfg), model=cfg.model.name_or_path, seed=cfg.optim.seed,
+                     step=run.trainer.step_done)
+    append_row(resolve(RESULTS) / "runs.csv", row)
+    print(json.dumps({"final": metrics[-1] if metrics else {}, "eval": result.by_source()}, indent=1))
+    return row
+
+
+def method_name(cfg: Config) -> str:
+    t = cfg.tree
+    if t.is_chain:
+        return f"chain GRPO (G={t.M})"
+    return f"Tree-GRPO ({t.M},{t.N},{t.L}) {cfg.optim.advantage}"
+
+
+def evaluate_policy(cfg: Config, policy: str | None, out: Path) -> dict:
+    """Evaluate a run directory's checkpoint, a model path, or the preset's starting policy."""
+    from transformers import AutoTokenizer
+    res = load_resources(cfg)
+    tok = AutoTokenizer.from_pretrained(res.policy_path)
+    run_dir = Path(policy) if policy and (Path(policy) / "checkpoint.pt").exists() else None
+    tp = trainable_policy(policy if policy and not run_dir else res.policy_path, cfg.model, default_device())
+    step = 0
+    if run_dir:
+        state = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+        tp.load_state_dict(state["weights"])
+        step = state["step"]
+    result = evaluate_model(tp.model, tok, res, cfg)
+    row = result_row(result, cfg, method=str(policy or "start"), model=cfg.model.name_or_path, seed=cfg.optim.seed,
+                     step=step)
+    append_row(out, row)
+    print(json.dumps(row, indent=1))
+    return row
+
+
+def world(cfg: Config) -> None:
+    res = load_resources(cfg.replace(warmup=dict(enabled=True)))
+    single, multi = res.test_sets(cfg)
+    corpus = (res.data_dir / "corpus.jsonl").read_text().splitlines()
+    print(f"world: {res.data_dir}\n{len(corpus)} documents, {len(res.train)} train / {len(res.test)} test questions")
+    print("a document:", json.loads(corpus[0])["contents"])
+    for q in (single[0], multi[0], multi[-1]):
+        print(f"[{q.data_source}] {q.question} -> {list(q.golden_answers)}")
+
+
+def warmup(cfg: Config) -> EvalResult:
+    """Warm up (or load) the tiny policy; print single-hop and multi-hop greedy EM and one transcript."""
+    from tg.policy import load_policy
+    t0 = time.perf_counter()
+    res = load_resources(cfg)
+    model, tok = load_policy(res.policy_path)
+    print(f"warmed-up policy: {res.policy_path} ({time.perf_counter() - t0:.0f} s incl. cache check)")
+    result = evaluate_model(model, tok, res, cfg)
+    print("transcript of the first multi-hop test question:\n" + result.transcripts[len(res.test_sets(cfg)[0])])
+    print("greedy EM:", {k: round(v, 3) for k, v in result.by_source().items()})
+    return result
+
+
+def data_prepare(setting: str, out: str, source: str) -> None:
+    from tg.data import prepare
+    paths = prepare(setting, out, source=source)
+    print({k: str(v) for k, v in paths.items()})
+
+
+def retriever_serve(corpus: str, host: str, port: int) -> None:
+    from tg.retrieval import bm25_for
+    from tg.server import serve
+    print(f"serving BM25 over {corpus} at http://{host}:{port}/retrieve (Ctrl-C to stop)", flush=True)
+    serve(bm25_for(corpus), host=host, port=port)
+
+
+def demo(cfg: Config) -> None:
+    from tg.demo import run_demo
+    run_demo(cfg)

@@ -1,0 +1,80 @@
+"""Pictures: a tree of agent steps, and learning curves. matplotlib only (no system binaries)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import matplotlib.pyplot as plt
+
+from tg.tree import Tree
+
+
+def _layout(tree: Tree) -> dict[int, tuple[float, float]]:
+    """x = leaf order (parents centred over their children), y = -depth."""
+    pos: dict[int, tuple[float, float]] = {}
+    counter = [0.0]
+
+    def place(n: int) -> float:
+        kids = tree.nodes[n].children
+        x = sum(place(k) for k in kids) / len(kids) if kids else counter[0]
+        if not kids:
+            counter[0] += 1
+        pos[n] = (x, -tree.nodes[n].depth)
+        return x
+    place(0)
+    return pos
+
+
+def node_label(tree: Tree, n: int, width: int = 18) -> str:
+    """'prompt', 'search: <query>', 'answer: <text>' or the action kind, shortened."""
+    step = tree.nodes[n].step
+    if step is None:
+        return "prompt"
+    text = f"{step.action.kind}: {step.action.argument}" if step.action.argument else step.action.kind
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def draw_tree(tree: Tree, advantages: Mapping[int, float] | Sequence[float] | None = None, ax: Any = None,
+              title: str | None = None) -> Any:
+    """Draw one tree: steps as nodes (query or answer shown), leaves coloured by reward (red 0 ->
+    green 1), each node's effective advantage under it when given, and a bar of shared vs
+    generated tokens (tokens every leaf would repeat without the tree, vs tokens sampled)."""
+    pos = _layout(tree)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(max(4.0, 1.6 * len(tree.leaves())), 1.3 * (1 + max(n.depth for n in tree.nodes))))
+    cmap = plt.get_cmap("RdYlGn")
+    for node in tree.nodes[1:]:
+        (x0, y0), (x1, y1) = pos[node.parent], pos[node.id]
+        ax.plot([x0, x1], [y0, y1], color="0.6", lw=1, zorder=1)
+    for node in tree.nodes:
+        x, y = pos[node.id]
+        r = tree.rewards.get(node.id)
+        color = cmap(0.5 + 0.5 * max(-1.0, min(1.0, 2 * r - 1))) if node.is_leaf and r is not None else "white"
+        ax.text(x, y, node_label(tree, node.id), ha="center", va="center", fontsize=7, zorder=2,
+                bbox=dict(boxstyle="round,pad=0.3", fc=color, ec="0.3", lw=0.8))
+        if advantages is not None and node.id > 0:
+            ax.text(x, y - 0.32, f"A={advantages[node.id]:+.2f}", ha="center", va="top", fontsize=6, color="navy")
+    ax.set_xlim(-0.8, max(x for x, _ in pos.values()) + 0.8)
+    ax.set_ylim(min(y for _, y in pos.values()) - 0.8, 0.5)
+    ax.axis("off")
+    sampled = sum(len(n.step.gen_ids) for n in tree.nodes[1:])
+    as_chains = sum(tree.trajectory(leaf).policy_tokens for leaf in tree.leaves())
+    ax.set_title(title or f"{len(tree.leaves())} leaves: {sampled} policy tokens sampled, "
+                 f"{as_chains} if every leaf were its own chain", fontsize=8)
+    return ax
+
+
+def learning_curves(histories: Mapping[str, Sequence[Mapping[str, float]]], keys: Sequence[str] = ("reward", "em"),
+                    ax: Any = None) -> Any:
+    """Plot metric curves (rows of metrics.jsonl) of several runs, one subplot per key."""
+    if ax is None:
+        _, ax = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.2))
+    axes = list(ax) if hasattr(ax, "__len__") else [ax]
+    for a, key in zip(axes, keys):
+        for name, rows in histories.items():
+            a.plot([r["step"] for r in rows], [r[key] for r in rows], label=name)
+        a.set_xlabel("step")
+        a.set_ylabel(key)
+        a.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    return axes

