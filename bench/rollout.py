@@ -1,0 +1,105 @@
+"""Rollout cost of chains vs trees at equal budget on the CPU preset (one run, side by side).
+
+For the same questions and policy (the warmed-up tiny policy), each configuration is run R times,
+interleaved so that machine noise hits all alike; the table gives medians per question and per
+trajectory, and ratios against the chain of the matched budget.
+
+    .venv/bin/python bench/rollout.py [--questions 32] [--reps 5] [--write bench/README.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from tg.budget import Ledger, chain_equivalent_budget, ledgers
+from tg.config import load_config
+from tg.engine import HFEngine, Sampling
+from tg.pipeline import load_resources
+from tg.policy import load_policy
+from tg.protocol import prompt_ids
+from tg.tree import sample_trees
+
+CONFIGS = [  # name, (M, N, L), prefix reuse, the chain it is compared with
+    ("chain G=4", (4, 0, 0), True, "chain G=4"),
+    ("tree (2,2,1)", (2, 2, 1), True, "chain G=4"),
+    ("tree (2,2,1) no reuse", (2, 2, 1), False, "chain G=4"),
+    ("chain G=16", (16, 0, 0), True, "chain G=16"),
+    ("tree (4,5,1)", (4, 5, 1), True, "chain G=16"),
+    ("tree (8,2,1)", (8, 2, 1), True, "chain G=16"),
+]
+COLUMNS = ("trajectories", "generated", "observation", "prefill_computed", "prefill_saved", "tool_calls", "seconds")
+
+
+def run_once(model, tok, env, prompts, shape, reuse, seed) -> Ledger:
+    M, N, L = shape
+    trees, stats = sample_trees(HFEngine(model, tok, prefix_reuse=reuse), env, prompts, M=M, N=N, L=L,
+                                sampling=Sampling(1.0, 0.95, seed), rng=random.Random(seed))
+    return Ledger.total(ledgers(trees, stats))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--questions", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--write", default=None, help="replace the rollout table in this markdown file")
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    cfg = load_config("cpu")
+    res = load_resources(cfg)
+    model, tok = load_policy(res.policy_path)
+    env = res.env(tok, cfg)
+    qs = [q for q in res.train if q.data_source.endswith("multi")][: args.questions]
+    prompts = [prompt_ids(tok, q.question) for q in qs]
+    runs: dict[str, list[Ledger]] = {name: [] for name, *_ in CONFIGS}
+    for rep in range(args.reps):
+        for name, shape, reuse, _ in CONFIGS:
+            t0 = time.perf_counter()
+            led = run_once(model, tok, env, prompts, shape, reuse, seed=rep)
+            led.seconds = time.perf_counter() - t0
+            runs[name].append(led)
+    table = render(runs, len(qs), args.reps)
+    print(table)
+    if args.write:
+        write_section(Path(args.write), table)
+
+
+def _median(ledgers_: list[Ledger], key: str, per: str, n_q: int) -> float:
+    return statistics.median(getattr(x, key) / (n_q if per == "q" else x.trajectories) for x in ledgers_)
+
+
+def render(runs: dict[str, list[Ledger]], n_q: int, reps: int) -> str:
+    head = ("| config | budget | traj/q | gen tok/q | gen tok/traj | obs tok/traj | prefill/q | saved/q | "
+            "calls/traj | s/q | s/traj | gen/traj vs chain | s/traj vs chain |")
+    lines = [f"Medians of {reps} repetitions, {n_q} multi-hop training questions, warmed-up tiny policy, "
+             "temperature 1, top-p 0.95.", "", head, "|" + "---|" * (head.count("|") - 1)]
+    for name, shape, _, ref in CONFIGS:
+        r, c = runs[name], runs[ref]
+        gen_t, ref_gen = _median(r, "generated", "t", n_q), _median(c, "generated", "t", n_q)
+        s_t, ref_s = _median(r, "seconds", "t", n_q), _median(c, "seconds", "t", n_q)
+        lines.append(
+            f"| {name} | {chain_equivalent_budget(*shape):g} | {_median(r, 'trajectories', 'q', n_q):.1f} "
+            f"| {_median(r, 'generated', 'q', n_q):.0f} | {gen_t:.1f} | {_median(r, 'observation', 't', n_q):.1f} "
+            f"| {_median(r, 'prefill_computed', 'q', n_q):.0f} | {_median(r, 'prefill_saved', 'q', n_q):.0f} "
+            f"| {_median(r, 'tool_calls', 't', n_q):.2f} | {_median(r, 'seconds', 'q', n_q):.3f} | {s_t:.4f} "
+            f"| {gen_t / ref_gen:.2f}x | {s_t / ref_s:.2f}x |")
+    return "\n".join(lines)
+
+
+def write_section(path: Path, table: str, begin: str = "<!-- rollout:begin -->", end: str = "<!-- rollout:end -->") -> None:
+    text = path.read_text() if path.exists() else ""
+    block = f"{begin}\n{table}\n{end}"
+    if begin in text:
+        text = text[: text.index(begin)] + block + text[text.index(end) + len(end):]
+    else:
+        text += "\n" + block + "\n"
+    path.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

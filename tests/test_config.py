@@ -1,0 +1,72 @@
+"""Config: presets, the one switch, validation messages that name the field, round trips."""
+
+import json
+
+import pytest
+
+from tg.cli import method_config
+from tg.config import PRESETS, Config, ConfigError, load_config
+
+
+def test_default_preset_is_cpu_and_env_switch(monkeypatch):
+    monkeypatch.delenv("TG_PRESET", raising=False)
+    assert load_config().preset == "cpu"
+    monkeypatch.setenv("TG_PRESET", "paper-1.5b-multi-hop")
+    cfg = load_config()
+    assert cfg.preset == "paper-1.5b-multi-hop" and cfg.model.name_or_path == "Qwen/Qwen2.5-1.5B"
+    assert load_config("cpu").preset == "cpu"  # an explicit argument wins over the environment
+
+
+def test_unknown_preset_lists_the_valid_names(monkeypatch):
+    monkeypatch.setenv("TG_PRESET", "gpu-huge")
+    with pytest.raises(ConfigError) as err:
+        load_config()
+    assert "gpu-huge" in str(err.value) and all(name in str(err.value) for name in PRESETS)
+
+
+@pytest.mark.parametrize("override, field", [
+    ("tree.M=0", "tree.M"), ("tree.N=-1", "tree.N"), ("tree.N=2", "tree.N/tree.L"),
+    ("data.top_k=0", "data.top_k"), ("agent.top_p=0", "agent.top_p"), ("optim.loss_agg=sum", "optim.loss_agg"),
+    ("model.finetune=adapter", "model.finetune"), ("optim.mini_batch_prompts=5", "optim.mini_batch_prompts"),
+    ("optim.advantage=both", "optim.advantage"), ("warmup.multi_hop_share=1.5", "warmup.multi_hop_share"),
+])
+def test_invalid_values_name_the_field_and_the_range(override, field):
+    base = load_config("cpu", "tree.N=0", "tree.L=0") if override == "tree.N=2" else load_config("cpu")
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.").replace("/", "/")) as err:
+        base.with_overrides(override)
+    assert "allowed" in str(err.value)
+
+
+def test_unknown_override_field_is_rejected():
+    with pytest.raises(ConfigError, match="not 'group.field=value'"):
+        load_config("cpu", "tree.K=3")
+
+
+def test_paper_presets_follow_the_paper_where_one_gpu_allows():
+    for name in ("paper-1.5b-single-hop", "paper-1.5b-multi-hop"):
+        c = load_config(name)
+        assert (c.tree.M, c.tree.N, c.tree.L) == (2, 2, 1) and c.agent.max_turns == 3 and c.data.top_k == 3
+        assert c.optim.steps == 180 and c.optim.prompts_per_step == 512 and c.optim.mini_batch_prompts == 64
+        assert c.optim.kl_beta == 0.001 and c.agent.format_penalty == 0.2 and c.model.finetune == "qlora"
+    assert load_config("paper-1.5b-single-hop").data.setting == "single-hop"
+
+
+def test_tree_counts_and_budget_properties():
+    t = load_config("cpu").tree
+    assert (t.leaves_per_tree, t.group_size, t.chain_equivalent_budget) == (3, 6, 4.0)
+    chain = method_config(load_config("cpu"), "chain", group_size=8).tree
+    assert (chain.M, chain.N, chain.L, chain.is_chain, chain.group_size) == (8, 0, 0, True, 8)
+
+
+def test_save_load_round_trip_and_hash(tmp_path):
+    cfg = load_config("cpu", "tree.M=3", "optim.lr=0.0003", "model.lora_targets=q_proj,v_proj")
+    path = cfg.save(tmp_path)
+    back = Config.from_dict(json.loads(path.read_text()))
+    assert back == cfg and back.hash() == cfg.hash() and back.model.lora_targets == ("q_proj", "v_proj")
+    assert cfg.hash() != load_config("cpu").hash()
+    assert cfg.hash("data") == load_config("cpu").hash("data")
+
+
+def test_config_prints_as_a_table():
+    text = str(load_config("cpu"))
+    assert text.splitlines()[0].startswith("preset: cpu") and "[tree]" in text and "node_rule" in text
