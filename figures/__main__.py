@@ -1,0 +1,27 @@
+"""`python -m figures [--root DIR]` (or `make figures`): redraw every figure from the data under results/."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import time
+from pathlib import Path
+
+from figures import SCRIPTS, _common as c
+
+
+def main(argv: list[str] | None = None) -> list[Path]:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--root", type=Path, default=c.ROOT, help="repository root holding results/ (default: this repo)")
+    root = p.parse_args(argv).root.resolve()
+    paths = []
+    for name in SCRIPTS:
+        t0 = time.perf_counter()
+        script = importlib.import_module(f"figures.{name}")
+        paths.append(c.save(script.draw(root), root, script.NAME))
+        print(f"{paths[-1]}  ({time.perf_counter() - t0:.1f} s)")
+    return paths
+
+
+if __name__ == "__main__":
+    main()

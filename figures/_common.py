@@ -1,0 +1,148 @@
+"""What every figure script shares: where the data lives, how it is read, labelled and saved.
+
+Results are data, figures are code (STYLE.md, principle 11). A figure script reads only CSVs:
+- `results/paper/*.csv`: the PAPER's numbers (arXiv 2509.21240 v3, transcribed; see
+  `results/paper/README.md`), always labelled `PAPER`;
+- `results/*.csv`, `results/mini/*.csv`: rows that `tg` measured, labelled `tg (<preset>, <date>)`.
+
+EM and F1 are percentages (x100) everywhere, as printed in the paper and as `tg.evaluate.result_row`
+writes them. This module imports matplotlib, pandas and numpy only (never torch), so
+`python -m figures` takes seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Callable
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display; set before pyplot is imported anywhere
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+"""The repository root: scripts read `<root>/results/` and write `<root>/figures/`."""
+
+PAPER = "paper (arXiv 2509.21240)"
+CHAIN_COLOR, TREE_COLOR = "tab:blue", "tab:orange"
+SINGLE_HOP = ("nq", "triviaqa", "popqa")
+MULTI_HOP = ("hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
+
+
+def paper(root: Path, name: str) -> pd.DataFrame:
+    """One of the paper's tables, `results/paper/<name>.csv`, as printed."""
+    return pd.read_csv(root / "results" / "paper" / f"{name}.csv")
+
+
+def ours(root: Path, relpath: str) -> pd.DataFrame | None:
+    """A CSV of `tg` results under `results/`, or None when it is absent or has no rows."""
+    path = root / "results" / relpath
+    if not path.exists():
+        return None
+    df = pd.read_csv(path)
+    return df if len(df) else None
+
+
+def tg_label(df: pd.DataFrame) -> str:
+    """'tg (<preset>, <date>)' from the rows' provenance columns; ranges when they differ."""
+    def span(col: str) -> str:
+        vals = sorted(df[col].dropna().astype(str).unique()) if col in df else []
+        return "?" if not vals else vals[0] if len(vals) == 1 else f"{vals[0]}..{vals[-1]}"
+    return f"tg ({span('preset')}, {span('date')})"
+
+
+def final_rows(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """The last evaluation point of each (cell, seed): rows with the largest `step` per `keys + [seed]`.
+
+    Files without a `step` column are returned as they are (one row per cell and seed)."""
+    if "step" not in df:
+        return df
+    group = [k for k in keys + ["seed"] if k in df]
+    last = df.groupby(group, dropna=False)["step"].transform("max")
+    return df[df["step"] == last]
+
+
+def seed_stats(df: pd.DataFrame, keys: list[str], value: str) -> pd.DataFrame:
+    """Mean, std (0 for one seed) and number of seeds of `value` per cell, at each seed's last step."""
+    rows = final_rows(df, keys)
+    out = rows.groupby(keys, dropna=False)[value].agg(["mean", "std", "count"]).reset_index()
+    out["std"] = out["std"].fillna(0.0)
+    return out
+
+
+def shape(m: float, n: float, l: float) -> str:
+    """'(M,N,L)' with integers; a chain (N and L empty or 0) reads '(M,0,0)'."""
+    n, l = (0 if pd.isna(v) else v for v in (n, l))
+    return f"({int(m)},{int(n)},{int(l)})"
+
+
+def note(ax: plt.Axes, text: str) -> None:
+    """An empty panel that says why it is empty."""
+    ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=9, wrap=True, transform=ax.transAxes,
+            bbox=dict(boxstyle="round", fc="0.95", ec="0.7"))
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def bar_labels(ax: plt.Axes, bars, fmt: str = "{:.1f}", size: float = 6.5, inside: bool = False) -> None:
+    """Each bar's value above it, or inside it where error bars stand above (the figure doubles as the
+    table). Zero-height bars get no label."""
+    labels = [fmt.format(b.get_height()) if b.get_height() else "" for b in bars]
+    if inside:
+        ax.bar_label(bars, labels=labels, fontsize=size, label_type="center", color="white", fontweight="bold")
+    else:
+        ax.bar_label(bars, labels=labels, fontsize=size, padding=1)
+
+
+def grouped_bars(ax: plt.Axes, mean: pd.DataFrame, colors: list[str], std: pd.DataFrame | None = None,
+                 fmt: str = "{:.1f}") -> None:
+    """Bars grouped by `mean`'s rows (x ticks), one bar per column (the legend label), values on them.
+
+    mean, std: (groups, series). Error bars (and values inside the bars) only where `std` is given."""
+    w = 0.8 / mean.shape[1]
+    x = np.arange(len(mean))
+    for k, col in enumerate(mean.columns):
+        err = None if std is None else std[col]
+        bars = ax.bar(x + (k - (mean.shape[1] - 1) / 2) * w, mean[col], w, yerr=err, capsize=3,
+                      color=colors[k % len(colors)], label=str(col))
+        bar_labels(ax, bars, fmt=fmt, inside=err is not None)
+    ax.set_xticks(x, [str(i) for i in mean.index], fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def legend(ax: plt.Axes, axes, **kw) -> None:
+    """One legend on `ax` for the labelled artists of all `axes` (each label once)."""
+    seen: dict[str, object] = {}
+    for a in np.ravel(axes):
+        for h, lab in zip(*a.get_legend_handles_labels()):
+            seen.setdefault(lab, h)
+    ax.legend(list(seen.values()), list(seen), fontsize=7.5, **kw)
+
+
+def save(fig: plt.Figure, root: Path, name: str) -> Path:
+    """Write `<root>/figures/<name>` and close the figure."""
+    path = root / "figures" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def cli(draw: Callable[[Path], plt.Figure], name: str, argv: list[str] | None = None) -> Path:
+    """`python figures/fig_x.py [--root DIR]`: draw from `<root>/results/`, save to `<root>/figures/<name>`."""
+    p = argparse.ArgumentParser(description=f"Draw figures/{name} from data under results/.")
+    p.add_argument("--root", type=Path, default=ROOT, help="repository root holding results/ (default: this repo)")
+    root = p.parse_args(argv).root.resolve()
+    path = save(draw(root), root, name)
+    print(path)
+    return path
+
+
+def mean_of(df: pd.DataFrame, cols: tuple[str, ...]) -> pd.Series:
+    """Row-wise mean of `cols`, NaN unless every one of them is present and filled."""
+    if not all(c in df for c in cols):
+        return pd.Series(np.nan, index=df.index)
+    return df[list(cols)].astype(float).mean(axis=1, skipna=False)

@@ -1,0 +1,71 @@
+"""`make demo` as data: chain GRPO vs Tree-GRPO at equal budget, greedy test EM and tool calls by method.
+
+Reads results/demo.csv (rows of `tg.demo.run_demo`: model, method, step, one EM column per test
+set, e.g. synthetic_single and synthetic_multi, a calls_<set> column per test set, then preset,
+config_hash, git_sha, seed, date, n). Bars are the mean over the rows of a method, error bars the
+std when there are several seeds. The synthetic world has no paper counterpart: no paper numbers.
+Writes figures/fig_demo.png.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as `python figures/fig_demo.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import pandas as pd  # noqa: E402
+
+from figures import _common as c  # noqa: E402
+
+NAME = "fig_demo.png"
+NOT_METRICS = {"model", "method", "step", "preset", "config_hash", "git_sha", "seed", "date", "n"}
+
+
+def load(root: Path) -> tuple[pd.DataFrame, list[str], list[str]] | None:
+    """The demo rows, their EM columns and their tool-call columns; None when there are none."""
+    df = c.ours(root, "demo.csv")
+    if df is None:
+        return None
+    calls = [k for k in df if k.startswith("calls_")]
+    em = [k for k in df if k not in NOT_METRICS and k not in calls]
+    return df, em, calls
+
+
+def _bars(ax, df: pd.DataFrame, cols: list[str], methods: list[str], ylabel: str, fmt: str) -> None:
+    """Grouped bars: one group per column (test set), one bar per method; std over seeds where several."""
+    g = df.groupby("method")[cols]
+    seeds = g.size().loc[methods]
+    names = {m: f"{m} ({seeds[m]} seed{'s' if seeds[m] > 1 else ''})" for m in methods}
+    mean, std = (t.loc[methods].rename(index=names).T for t in (g.mean(), g.std()))
+    colors = [c.CHAIN_COLOR if m.lower().startswith("chain") else c.TREE_COLOR for m in methods]
+    c.grouped_bars(ax, mean.rename(index=lambda k: k.removeprefix("calls_")), colors,
+                   std.rename(index=lambda k: k.removeprefix("calls_")) if (seeds > 1).any() else None, fmt)
+    ax.set_ylabel(ylabel)
+
+
+def draw(root: Path):
+    data = load(root)
+    if data is None:
+        fig, ax = c.plt.subplots(figsize=(8, 2.2))
+        c.note(ax, "no tg demo rows yet: `make demo` writes results/demo.csv")
+        ax.set_title("make demo: chain GRPO vs Tree-GRPO at equal budget (tg only; no paper counterpart)", fontsize=10)
+        return fig
+    df, em, calls = data
+    fig, ax = c.plt.subplots(1, 2, figsize=(10, 4), width_ratios=[3, 2])
+    methods = sorted(df["method"].astype(str).unique(), key=lambda m: (not m.lower().startswith("chain"), m))
+    _bars(ax[0], df, em, methods, "greedy test EM (x100)", "{:.1f}")
+    _bars(ax[1], df, calls, methods, "tool calls per question", "{:.2f}")
+    ax[0].set_title("exact match by test set", fontsize=9)
+    ax[1].set_title("search calls by test set", fontsize=9)
+    handles, labels = ax[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncols=len(methods), fontsize=8, bbox_to_anchor=(0.5, -0.07))
+    steps = "/".join(str(s) for s in sorted(df["step"].unique())) if "step" in df else "?"
+    fig.suptitle(f"{c.tg_label(df)}, make demo: chain vs tree at equal budget after {steps} steps, "
+                 f"{', '.join(sorted(df['model'].astype(str).unique()))} (no paper counterpart)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+if __name__ == "__main__":
+    c.cli(draw, NAME)

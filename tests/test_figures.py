@@ -1,0 +1,203 @@
+"""Figures are code over data: every script draws from the committed CSVs alone, draws tg's rows when
+they exist, shows the paper's numbers exactly as transcribed, and never imports torch."""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from matplotlib.text import Text
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # `figures` is a folder of scripts, not part of the installed `tg` package
+from figures import SCRIPTS  # noqa: E402
+from figures import _common as c  # noqa: E402
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def script(name: str):
+    return importlib.import_module(f"figures.{name}")
+
+
+def png_ok(path: Path) -> bool:
+    return path.exists() and path.stat().st_size > 5_000 and path.read_bytes()[:8] == PNG
+
+
+@pytest.fixture(scope="module")
+def committed(tmp_path_factory) -> Path:
+    """A root holding a copy of the committed results/ (so tests never overwrite figures/*.png)."""
+    root = tmp_path_factory.mktemp("committed")
+    shutil.copytree(ROOT / "results", root / "results")
+    return root
+
+
+@pytest.fixture(scope="module")
+def paper_only(tmp_path_factory) -> Path:
+    """A root with the paper's tables and no tg results at all."""
+    root = tmp_path_factory.mktemp("paper_only")
+    shutil.copytree(ROOT / "results" / "paper", root / "results" / "paper")
+    return root
+
+
+def _rows(cells: list[dict], seeds: int, value) -> list[dict]:
+    """One row per (cell, seed) at step 60, plus a stale step-0 row that the figures must ignore."""
+    out = []
+    for cell in cells:
+        for seed in range(seeds):
+            for step in (0, 60):
+                v = value(cell, seed) if step else -50.0
+                out.append(dict(cell, seed=seed, step=step, em_single=v + 20, em_multi=v, preset="cpu",
+                                config_hash="h", git_sha="s", date="2025-12-01"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def with_ours(tmp_path_factory) -> Path:
+    """The paper's tables plus synthetic tg rows: results/mini/*.csv, results/demo.csv, results/runs.csv."""
+    root = tmp_path_factory.mktemp("ours")
+    shutil.copytree(ROOT / "results" / "paper", root / "results" / "paper")
+    mini = root / "results" / "mini"
+    mini.mkdir()
+    shape = [dict(budget=b, method="chain GRPO (G=%d)" % b, M=b, N=0, L=0) for b in (2, 4)]
+    shape += [dict(budget=4, method="Tree-GRPO (2,2,1) intra+inter", M=2, N=2, L=1),
+              dict(budget=2, method="Tree-GRPO (1,2,1) intra+inter", M=1, N=2, L=1)]
+    pd.DataFrame(_rows(shape, 3, lambda cell, s: 10.0 + cell["N"] + s)).to_csv(mini / "budget.csv", index=False)
+    pd.DataFrame(_rows(shape, 2, lambda cell, s: 8.0 + s)).to_csv(mini / "shapes.csv", index=False)
+    abl = [dict(budget=4, advantage=a, M=2, N=2, L=1) for a in ("chain", "intra", "inter", "intra+inter")]
+    abl = pd.DataFrame(_rows(abl, 2, lambda cell, s: 12.0 + s))
+    abl["collapsed"] = (abl["advantage"] == "intra") & (abl["seed"] == 0)
+    abl.to_csv(mini / "ablation.csv", index=False)
+    demo = [dict(model="tiny", method=m, step=40, synthetic_single=50.0 + s, synthetic_multi=10.0 + 2 * s,
+                 calls_synthetic_single=1.0, calls_synthetic_multi=2.0, preset="cpu", config_hash="h", git_sha="s",
+                 seed=s, date="2025-12-01", n=100)
+            for m in ("chain GRPO (G=4)", "Tree-GRPO (2,2,1) intra+inter") for s in (0, 1)]
+    pd.DataFrame(demo).to_csv(root / "results" / "demo.csv", index=False)
+    runs = [dict(model="Qwen/Qwen2.5-1.5B", method="Tree-GRPO (2,2,1) intra+inter", step=200, hotpotqa=20.0,
+                 **{"2wikimultihopqa": 24.0}, musique=6.0, bamboogle=10.0, preset="paper-1.5b", seed=0,
+                 date="2025-12-02"),
+            dict(model="tiny", method="chain GRPO (G=4)", step=20, hotpotqa=1.0, preset="cpu", seed=0, date="2025-12-02")]
+    pd.DataFrame(runs).to_csv(root / "results" / "runs.csv", index=False)
+    return root
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_script_runs_alone_on_committed_data(name, committed):
+    out = subprocess.run([sys.executable, f"figures/{name}.py", "--root", str(committed)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert png_ok(committed / "figures" / script(name).NAME)
+
+
+def test_redraw_all_without_torch(with_ours):
+    code = ("import sys; from figures.__main__ import main; main(['--root', sys.argv[1]]); "
+            "assert 'torch' not in sys.modules, 'a figure script imported torch'")
+    out = subprocess.run([sys.executable, "-c", code, str(with_ours)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert all(png_ok(with_ours / "figures" / script(n).NAME) for n in SCRIPTS)
+
+
+def test_every_script_is_listed_and_documented():
+    on_disk = {p.stem for p in (ROOT / "figures").glob("fig_*.py")}
+    assert on_disk == set(SCRIPTS)
+    readme = (ROOT / "figures" / "README.md").read_text()
+    assert all(f"{n}.py" in readme and script(n).NAME in readme for n in SCRIPTS)
+
+
+def test_paper_copies_match_the_shared_transcription():
+    shared = ROOT.parent / "shared" / "paper"
+    if not shared.exists():
+        pytest.skip("no ../shared/paper in this checkout")
+    for path in (ROOT / "results" / "paper").glob("*.csv"):
+        assert path.read_bytes() == (shared / path.name).read_bytes(), path.name
+
+
+def texts(fig) -> str:
+    """All the text drawn in a figure (titles, notes, labels), then the figure is closed."""
+    out = " ".join(t.get_text() for t in fig.findobj(Text))
+    c.plt.close(fig)
+    return out
+
+
+# ---- the paper's numbers read back exactly ------------------------------------------------------------
+
+def test_table1_paper_numbers(paper_only):
+    paper, ours = script("fig_table1_qa").load(paper_only)
+    csv = pd.read_csv(paper_only / "results/paper/table1_qa_em.csv")
+    pd.testing.assert_frame_equal(paper, csv[csv["model"].isin(["Qwen2.5-1.5b", "Qwen2.5-3b"])].reset_index(drop=True))
+    assert ours is None
+    fig = script("fig_table1_qa").draw(paper_only)
+    heights = [b.get_height() for b in fig.axes[1].containers[1]]       # Qwen2.5-3b, multi-hop avg
+    assert heights[-1] == 36.8 and heights == csv[csv["model"] == "Qwen2.5-3b"]["multi_hop_avg"].tolist()
+    assert "No tg rows yet" in texts(fig)
+
+
+def test_table3_paper_numbers(paper_only):
+    paper, ours = script("fig_table3_budget").load(paper_only)
+    multi = paper[(paper["hop"] == "multi") & (paper["kind"] == "tree")].set_index(["M", "N", "L"])["mean"]
+    assert multi.loc[(2, 2, 1)] == 36.8 and multi.loc[(4, 5, 1)] == 37.3
+    csv = pd.read_csv(paper_only / "results/paper/table3_budget_em.csv")
+    assert sorted(paper[paper["hop"] == "single"]["mean"]) == sorted(csv["single_hop_avg"])
+    assert ours is None
+    fig = script("fig_table3_budget").draw(paper_only)
+    line = next(ln for ln in fig.axes[0].lines if ln.get_label() == "tree (M,2,1)")
+    assert list(line.get_ydata()) == [31.6, 36.8, 35.1, 36.1]
+    assert "not run yet" in texts(fig)
+
+
+def test_table4_paper_numbers(paper_only):
+    paper, _ = script("fig_table4_ablation").load(paper_only)
+    at = paper.set_index(["budget", "advantage"])
+    assert at.loc[(4, "intra"), "collapsed"] == 1 and at.loc[(4, "intra+inter"), "mean"] == 36.8
+    assert at.loc[(8, "intra"), "mean"] == 34.6 and at.loc[(8, "chain"), "mean"] == 31.4
+    fig = script("fig_table4_ablation").draw(paper_only)
+    bars = next(b for b in fig.axes[0].containers if b.get_label() == "intra + inter (Tree-GRPO)")
+    assert [b.get_height() for b in bars] == [36.8, 36.4]
+    assert "collapse" in texts(fig)
+
+
+def test_table7_paper_numbers(paper_only):
+    paper, _ = script("fig_table7_shapes").load(paper_only)
+    at = paper.set_index(["budget", "M", "N", "L"])["mean"]
+    assert at.loc[(4, 4, 0, 0)] == 31.8 and at.loc[(16, 4, 5, 1)] == 37.3 and len(at) == 12
+
+
+def test_table6_and_table2_paper_numbers(paper_only):
+    t6 = script("fig_table6_granularity").load(paper_only)
+    assert t6.loc["Token/sentence-level tree", "multi-hop avg"] == 22.2
+    t2 = script("fig_table2_web").load(paper_only).set_index(["model", "method"])
+    assert t2.loc[("Qwen2.5-14b", "Tree-GRPO"), "GAIA avg"] == 21.0
+
+
+# ---- tg's rows: aggregated over seeds at each seed's last step, labelled tg --------------------------
+
+def test_ours_budget_mean_and_std_over_seeds(with_ours):
+    _, ours = script("fig_table3_budget").load(with_ours)
+    tree4 = ours[(ours["budget"] == 4) & (ours["kind"] == "tree") & (ours["hop"] == "multi")].iloc[0]
+    assert tree4["mean"] == pytest.approx(13.0) and tree4["std"] == pytest.approx(1.0) and tree4["count"] == 3
+    assert ours["label"].iloc[0] == "tg (cpu, 2025-12-01)"
+
+
+def test_ours_ablation_counts_collapsed_seeds(with_ours):
+    _, ours = script("fig_table4_ablation").load(with_ours)
+    intra = ours.set_index("advantage").loc["intra"]
+    assert intra["collapsed"] == 1 and intra["count"] == 1 and intra["mean"] == 13.0
+
+
+def test_ours_demo_and_runs(with_ours):
+    df, em, calls = script("fig_demo").load(with_ours)
+    assert em == ["synthetic_single", "synthetic_multi"] and calls == ["calls_synthetic_single", "calls_synthetic_multi"]
+    _, ours = script("fig_table1_qa").load(with_ours)
+    row = ours.iloc[0]
+    assert (row["model"], row["method"], row["average"], row["mean"]) == ("Qwen2.5-1.5b", "Tree-GRPO", "multi_hop_avg", 15.0)
+    assert len(ours) == 1 and row["label"] == "tg (paper-1.5b, 2025-12-02)"
+
+
+def test_tg_label_spans_dates():
+    df = pd.DataFrame({"preset": ["cpu", "cpu"], "date": ["2025-12-02", "2025-12-01"]})
+    assert c.tg_label(df) == "tg (cpu, 2025-12-01..2025-12-02)"
