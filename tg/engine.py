@@ -173,7 +173,7 @@ class HFBatch:
         reuse = self.engine.prefix_reuse
         heads = [list(c[:-1]) for c in contexts]  # the last context token stays pending
         if reuse:
-            blocks, repeat = heads, [n for n in counts]
+            blocks, repeat = heads, list(counts)
         else:
             blocks = [h for h, n in zip(heads, counts) for _ in range(n)]
             repeat = [1] * len(blocks)
@@ -184,7 +184,8 @@ class HFBatch:
         if any(blocks):
             with torch.no_grad():
                 self._forward(blocks, list(range(len(blocks))))
-        self.cache.batch_select_indices(torch.tensor(src, dtype=torch.long, device=self.device)) if self.cache.get_seq_length() else None
+        if self.cache.get_seq_length():
+            self.cache.batch_select_indices(torch.tensor(src, dtype=torch.long, device=self.device))
         self.attn = self.attn[src]
         self.pos = [self.pos[i] for i in src]
         row_ctx = [i for i, n in enumerate(counts) for _ in range(n)]
@@ -211,12 +212,10 @@ class HFBatch:
         width = max(len(b) for b in blocks)
         ids = torch.full((B, width), self.engine.pad_id, dtype=torch.long)
         mask = torch.zeros(B, width, dtype=torch.long)
-        posn = torch.zeros(B, width, dtype=torch.long)
         for b, r in zip(blocks, rows):
             ids[r, :len(b)] = torch.tensor(b, dtype=torch.long)
             mask[r, :len(b)] = 1
-        for r in range(B):
-            posn[r] = self.pos[r] + torch.arange(width)
+        posn = torch.tensor(self.pos, dtype=torch.long)[:, None] + torch.arange(width)  # padding: any position
         attn = torch.cat([self.attn, mask.to(self.device)], dim=1)
         out = self.model(input_ids=ids.to(self.device), attention_mask=attn, position_ids=posn.to(self.device),
                          past_key_values=self.cache, use_cache=True)
@@ -265,9 +264,9 @@ class HFBatch:
     def release(self, rows: Sequence[int]) -> None:
         """Drop finished rows from the cache (the batch gets narrower as episodes end)."""
         gone = {self.index.pop(r) for r in rows}
-        keep = [i for i in range(len(self.pos)) if i not in gone]
         if not gone:
             return
+        keep = [i for i in range(len(self.pos)) if i not in gone]
         remap = {old: new for new, old in enumerate(keep)}
         self.index = {r: remap[i] for r, i in self.index.items()}
         sel = torch.tensor(keep, dtype=torch.long, device=self.device)
