@@ -351,7 +351,7 @@ class Config:
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
     def save(self, directory: str | Path) -> Path:
-        path = Path(directory) / "config.json"
+        path = Path(directory) / "tg_config.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True))
         return path
