@@ -1,7 +1,7 @@
 """Shared fixtures: the synthetic world, a random-init tiny policy (the paper model's class), the env."""
 
 import pytest
-import torch
+import torch  # noqa: F401  (threads: OMP_NUM_THREADS, set by the Makefile for parallel workers)
 
 from tg.config import load_config
 from tg.data import load_split
@@ -10,7 +10,6 @@ from tg.policy import build_tiny_policy
 from tg.retrieval import CachedRetriever, bm25_for
 from tg.world import ensure_world, load_world
 
-torch.set_num_threads(2)
 
 
 @pytest.fixture(scope="session")
