@@ -1,7 +1,7 @@
 """Shared fixtures: the synthetic world, a random-init tiny policy (the paper model's class), the env."""
 
 import pytest
-import torch  # noqa: F401  (threads: OMP_NUM_THREADS, set by the Makefile for parallel workers)
+import torch
 
 from tg.config import load_config
 from tg.data import load_split

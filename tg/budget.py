@@ -80,9 +80,9 @@ def matched_chain_group(M: int, N: int, L: int) -> int:
 
 
 def measured_equivalent(tree: Ledger, chain: Ledger) -> float:
-    """The tree's cost in chains of the same policy: its generated + observation tokens over a chain's mean.
-
-    `chain` is the ledger of any number of chains for the same questions (cost per trajectory).
+    """One question's tree cost in chains of the same policy: its generated + observation tokens over
+    a chain's mean. `tree` is ONE question's ledger (a batch total gives the whole batch's cost);
+    `chain` the ledger of any number of chains for the same question(s) (only its per-chain mean is used).
     """
     per_chain = (chain.generated + chain.observation) / max(chain.trajectories, 1)
     return (tree.generated + tree.observation) / max(per_chain, 1e-9)

