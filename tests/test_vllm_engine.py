@@ -210,3 +210,20 @@ def test_setup_errors_name_the_setting(policy, tmp_path):
     narrow = Qwen2ForCausalLM(tiny_qwen2_config(ModelConfig(hidden_size=64, num_heads=4, num_kv_heads=2), tok))
     with pytest.raises(VLLMSetupError, match="head size 16"):
         VLLMEngine(save_policy(narrow, tok, tmp_path / "narrow"), tok)
+
+
+def test_trainer_rolls_out_with_vllm_and_syncs_every_step(engine, policy, cfg, train_questions, tmp_path):
+    """Two Tree-GRPO steps with vLLM rollouts: after each update the adapter is re-served under a new
+    id and a probe's log-probs match the trainer's (the `sync_maxdiff` metric)."""
+    from tg.finetune import trainable_policy
+    from tg.trainer import Trainer
+    _, tok, env, _, path = policy
+    c = cfg.replace(model=dict(finetune="lora", lora_r=4, lora_alpha=8, hidden_size=64, num_layers=2, num_heads=2,
+                               num_kv_heads=1, intermediate_size=128),
+                    agent=dict(max_turns=2, max_step_tokens=16, engine="vllm"),
+                    optim=dict(steps=2, prompts_per_step=2, mini_batch_prompts=2, micro_batch_rows=4, lr=1e-2))
+    torch.manual_seed(0)
+    tr = Trainer(c, trainable_policy(path, c.model, torch.device("cpu")), tok, env, train_questions, tmp_path, engine)
+    rows = tr.fit(progress=False)
+    assert len(rows) == 2 and all(r["sync_maxdiff"] < 1e-3 for r in rows)
+    assert all(r["prefill_saved"] > 0 for r in rows)  # vLLM's own cached-token counts

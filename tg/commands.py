@@ -40,7 +40,16 @@ def build_run(cfg: Config, run_dir: str | Path) -> Run:
     tok = AutoTokenizer.from_pretrained(res.policy_path)
     cfg.save(run_dir)
     train = [q for q in res.train if _setting_of(q) in (cfg.data.setting, None)]
-    return Run(Trainer(cfg, policy, tok, res.env(tok, cfg), train, run_dir), res, tok)
+    engine = vllm_engine(cfg, res.policy_path, tok) if cfg.agent.engine == "vllm" else None
+    return Run(Trainer(cfg, policy, tok, res.env(tok, cfg), train, run_dir, engine), res, tok)
+
+
+def vllm_engine(cfg: Config, policy_path: str, tokenizer: Any) -> Any:
+    """A vLLM rollout engine on the starting weights; the trainer syncs it after every step."""
+    from tg.vllm_engine import VLLMEngine
+    return VLLMEngine(policy_path, tokenizer, lora=cfg.model.finetune != "full", max_lora_rank=cfg.model.lora_r,
+                      kv_cache_space_gib=cfg.agent.vllm_kv_cache_gib,
+                      gpu_memory_utilization=cfg.agent.vllm_gpu_memory_utilization, seed=cfg.optim.seed)
 
 
 def _setting_of(q: Question) -> str | None:

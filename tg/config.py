@@ -160,8 +160,18 @@ class AgentConfig:
     """'paper' = Eq. 13: EM - lambda_f if the format is wrong; 'official' = the code's 1/0.8/0.2/0.1/0 tiers."""
     format_penalty: float = 0.2
     """lambda_f of Eq. 13."""
+    engine: str = "hf"
+    """Rollout engine: 'hf' (transformers, tg's decode loop) or 'vllm' (vLLM with prefix caching; synced every step)."""
+    vllm_kv_cache_gib: float = 1.0
+    """vLLM on CPU: KV-cache space in GiB (too large fails vLLM's NUMA memory check at start-up)."""
+    vllm_gpu_memory_utilization: float = 0.5
+    """vLLM on GPU: share of GPU memory for weights + KV cache (the rest is the trainer's)."""
 
     def validate(self) -> None:
+        _check(self.engine in ("hf", "vllm"), "agent.engine", "'hf', 'vllm'", self.engine)
+        _check(self.vllm_kv_cache_gib > 0 and 0 < self.vllm_gpu_memory_utilization < 1,
+               "agent.vllm_kv_cache_gib/vllm_gpu_memory_utilization", "> 0 and (0, 1)",
+               (self.vllm_kv_cache_gib, self.vllm_gpu_memory_utilization))
         _check(self.max_turns >= 0, "agent.max_turns", ">= 0", self.max_turns)
         for n in ("max_step_tokens", "max_obs_tokens", "max_context_tokens"):
             _check(getattr(self, n) >= 1, f"agent.{n}", ">= 1", getattr(self, n))

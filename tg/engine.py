@@ -71,6 +71,10 @@ class EngineBatch(Protocol):
 class Engine(Protocol):
     def open(self, contexts: Sequence[Sequence[int]], counts: Sequence[int], sampling: Sampling) -> EngineBatch: ...
 
+    def sync(self, model: Any, probe_ids: Sequence[int] | None = None) -> float | None:
+        """Serve the trainer's current weights (after each optimiser step); with a probe, check that the
+        engine's log-probs of it match the trainer's and return the max |difference|."""
+
 
 # ---------------------------------------------------------------------------------------------
 # Stop detection
@@ -146,6 +150,10 @@ class HFEngine:
 
     def open(self, contexts: Sequence[Sequence[int]], counts: Sequence[int], sampling: Sampling) -> "HFBatch":
         return HFBatch(self, contexts, counts, sampling)
+
+    def sync(self, model: Any, probe_ids: Sequence[int] | None = None) -> None:
+        """Nothing to check: the engine runs the trainer's own model object."""
+        self.model = model
 
 
 class HFBatch:

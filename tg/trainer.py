@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 from tg.advantage import tree_grpo_parts
 from tg.budget import Ledger, ledgers
 from tg.config import Config
-from tg.engine import HFEngine, Sampling
+from tg.engine import Engine, HFEngine, Sampling
 from tg.env import SearchEnv
 from tg.finetune import TrainablePolicy
 from tg.loss import entropy_from_logits, grpo_loss, token_logprobs
@@ -65,7 +65,9 @@ METRICS: dict[str, str] = {
     "loss": "total loss of the last mini-batch", "pg_loss": "policy-gradient part",
     "kl": "K3 KL to the reference, aggregated like the loss", "clip_frac": "share of policy tokens clipped",
     "entropy": "mean policy entropy on policy tokens", "grad_norm": "global grad norm before clipping",
-    "lr": "learning rate", "rollout_s": "rollout wall seconds", "update_s": "old/ref log-probs + update seconds",
+    "lr": "learning rate",
+    "sync_maxdiff": "vLLM engine only: max |log-prob| gap on a probe between the engine and the trainer after sync",
+    "rollout_s": "rollout wall seconds", "update_s": "old/ref log-probs + update seconds",
 }
 
 
@@ -131,7 +133,7 @@ class Trainer:
     """Owns the policy, optimiser, schedule, data position and checkpoints of one run."""
 
     def __init__(self, cfg: Config, policy: TrainablePolicy, tokenizer: Any, env: SearchEnv,
-                 questions: Sequence[Question], run_dir: str | Path) -> None:
+                 questions: Sequence[Question], run_dir: str | Path, engine: Engine | None = None) -> None:
         self.cfg, self.policy, self.tokenizer, self.env = cfg, policy, tokenizer, env
         self.questions = list(questions)
         self.run_dir = Path(run_dir)
@@ -141,7 +143,9 @@ class Trainer:
         warm = max(1, round(o.warmup_ratio * o.steps))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if o.warmup_ratio > 0 else 1.0)
-        self.engine = HFEngine(policy.model, tokenizer, prefix_reuse=cfg.tree.prefix_reuse)
+        self.engine = engine or HFEngine(policy.model, tokenizer, prefix_reuse=cfg.tree.prefix_reuse)
+        # fixed ids whose log-probs check, after each sync, that a separate engine serves the current policy
+        self.probe = prompt_ids(tokenizer, self.questions[0].question) if self.questions else None
         self.step_done = 0
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
@@ -234,6 +238,9 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         stats.update(grad_norm=float(grad_norm), lr=self.scheduler.get_last_lr()[0])
+        sync = self.engine.sync(self.policy.model, self.probe)
+        if sync is not None:
+            stats["sync_maxdiff"] = sync
         return stats
 
     # ---- one step ----------------------------------------------------------------------------------
@@ -264,7 +271,8 @@ class Trainer:
                 "zero_std_inter": _zero_std_share(sc["reward"], sc["prompt"]),
                 "adv_mean": float(adv.total.mean()), "adv_std": float(adv.total.std()),
                 "adv_intra_std": float(adv.intra.std()), "adv_inter_std": float(adv.inter.std()),
-                **{k: stats[k] for k in ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm", "lr")},
+                **{k: stats[k] for k in ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm", "lr",
+                                         "sync_maxdiff") if k in stats},
                 "rollout_s": t1 - t0, "update_s": time.perf_counter() - t1}
 
     # ---- checkpoints --------------------------------------------------------------------------------
