@@ -1,0 +1,231 @@
+"""Supervised warm-up of the tiny policy on scripted demonstrations of the search protocol.
+
+The paper starts RL from a pretrained Qwen2.5 that can already follow the prompt. A random toy
+model cannot, so the cpu preset first imitates scripted episodes of the synthetic world, built
+token-exactly as rollouts will see them (PAPER.md 1.1, 4.4):
+
+    prompt_ids(question)
+    <think> I need the founder of Zanto. </think> <search> Zanto </search>        policy (mask 1)
+    \\n\\n<information>Doc 1(Title: Zanto) ... </information>\\n\\n               retriever (mask 0)
+    <think> The founder of Zanto is Aldo. I need the birthplace of Aldo. </think> <search> Aldo </search>
+    ...
+    <think> The birthplace of Aldo is Borv. </think> <answer> Borv </answer>      policy, ends the episode
+
+Difficulty knobs (`WarmupConfig`): `multi_hop_share` of the demonstrations are multi-hop, and
+`early_stop_share` of those stop one hop early and answer the intermediate entity: plausible but
+wrong behaviour that RL can fix. The result is cached on disk by the hash of the model, data and
+warm-up config groups.
+
+Departures from the paper: the warm-up itself (the paper has none; its models are pretrained).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from tg.config import Config, WarmupConfig
+from tg.policy import build_tiny_policy, save_policy
+from tg.protocol import Step, Trajectory, format_observation, parse_action, prompt_ids
+from tg.retrieval import Retriever, bm25_for
+from tg.world import MULTI, RELATIONS, SINGLE, World, ensure_world, load_world, resolve
+
+LR_WARMUP_SHARE = 0.05
+"""Linear LR warm-up over this share of the steps, then cosine decay to zero."""
+
+
+def _phrase(relation: str, subject: str) -> str:
+    return RELATIONS[relation].phrase.format(s=subject)
+
+
+def script(question: dict, early_stop: bool = False) -> list[tuple[str, str | None]]:
+    """The scripted steps of a question row as (policy text, search query or None for the answer).
+
+    One search per hop; each thought restates the fact just read and names the next need.
+    `early_stop` answers the second-to-last chain entity one hop early (multi-hop rows only).
+    """
+    rels, hops, chain = question["relations"], question["hops"], question["chain"]
+    n = len(rels) - 1 if early_stop and len(rels) > 1 else len(rels)
+    steps: list[tuple[str, str | None]] = []
+    known = ""
+    for i in range(n):
+        steps.append((f"<think> {known}I need {_phrase(rels[i], hops[i])}. </think> <search> {hops[i]} </search>", hops[i]))
+        fact = _phrase(rels[i], hops[i])
+        known = f"{fact[0].upper()}{fact[1:]} is {chain[i]}. "
+    steps.append((f"<think> {known.strip()} </think> <answer> {chain[n - 1]} </answer>", None))
+    return steps
+
+
+def demonstration(question: dict, tokenizer: Any, retriever: Retriever, top_k: int,
+                  early_stop: bool = False) -> Trajectory:
+    """A scripted episode as a `Trajectory`: prompt ids, then per step the encoded policy text and the
+    encoded observation of the retriever's top-k documents (the same ids a rollout would hold)."""
+    steps = []
+    for text, query in script(question, early_stop):
+        gen = tokenizer.encode(text, add_special_tokens=False)
+        if query is None:
+            steps.append(Step(gen, [], parse_action(text), True, text=text))
+            continue
+        docs = retriever.search([query], top_k)[0]
+        obs = tokenizer.encode(format_observation(docs), add_special_tokens=False)
+        steps.append(Step(gen, obs, parse_action(text), False, text=text, docs=[d["title"] for d in docs]))
+    answer = steps[-1].action.argument
+    return Trajectory(prompt_ids(tokenizer, question["question"]), steps,
+                      reward=float(answer in question["golden_answers"]), answer=answer)
+
+
+def pick_demonstrations(world: World, cfg: WarmupConfig) -> list[tuple[dict, bool]]:
+    """(training question, early_stop) pairs: `multi_hop_share` multi-hop, of which `early_stop_share`
+    stop early. Questions repeat only when the split has fewer than needed."""
+    rng = random.Random(cfg.seed)
+    n_multi = round(cfg.n_demos * cfg.multi_hop_share)
+    n_early = round(n_multi * cfg.early_stop_share)
+
+    def draw(rows: list[dict], n: int) -> list[dict]:
+        out: list[dict] = []
+        while len(out) < n and rows:
+            out += rng.sample(rows, min(len(rows), n - len(out)))
+        return out
+
+    multi = draw(world.questions("train", MULTI), n_multi)
+    single = draw(world.questions("train", SINGLE), cfg.n_demos - len(multi))
+    picked = [(q, i < n_early) for i, q in enumerate(multi)] + [(q, False) for q in single]
+    rng.shuffle(picked)
+    return picked
+
+
+@dataclass
+class Batch:
+    """Right-padded training rows sharing their first `prefix` ids (the instruction before the question).
+
+    ids, labels: (B, T) long; labels are -100 off policy tokens and on padding.
+    """
+
+    ids: torch.Tensor
+    labels: torch.Tensor
+    prefix: int
+
+
+def collate(demos: Sequence[Trajectory], pad_id: int) -> Batch:
+    """Pad to the longest row; find the prefix all rows share (never past a row's first policy token)."""
+    width = max(len(d.ids) for d in demos)
+    ids = torch.full((len(demos), width), pad_id, dtype=torch.long)  # (B, T)
+    labels = torch.full((len(demos), width), -100, dtype=torch.long)  # (B, T)
+    for r, d in enumerate(demos):
+        row = torch.tensor(d.ids)
+        ids[r, : len(row)] = row
+        labels[r, : len(row)] = torch.where(torch.tensor(d.mask, dtype=torch.bool), row, -100)
+    same = (ids == ids[:1]).all(dim=0).long()  # (T,) 1 where every row has the same id
+    prefix = int(same.cumprod(0).sum().item()) if len(demos) > 1 else 0
+    first_policy = min(len(d.prompt_ids) for d in demos)
+    return Batch(ids, labels, min(prefix, first_policy - 1))
+
+
+def masked_lm_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """Mean next-token cross-entropy over the policy tokens of the batch (token-mean).
+
+    The shared prefix (B copies of the instruction) runs once at batch size 1; its keys and values are
+    repeated for the B rows (gradients flow back through the copy). Equal to the plain forward up to
+    float rounding (`tests/test_warmup.py`); it saves about a third of the compute.
+    """
+    p = batch.prefix
+    if p > 0:
+        cache = model(input_ids=batch.ids[:1, :p], use_cache=True).past_key_values  # prefix K/V at batch 1
+        cache.batch_repeat_interleave(batch.ids.shape[0])
+        logits = model(input_ids=batch.ids[:, p:], past_key_values=cache).logits  # (B, T-p, V)
+    else:
+        logits = model(input_ids=batch.ids).logits  # (B, T, V); right padding needs no attention mask
+    # logits at position t predict token t+1; label p is a prompt token (-100), so the prefix's logits are not needed
+    logits, targets = logits[:, :-1], batch.labels[:, p + 1:]  # (B, T-p-1, V), (B, T-p-1)
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
+                                             ignore_index=-100)
+
+
+def lr_factor(step: int, total: int) -> float:
+    """Linear warm-up over LR_WARMUP_SHARE of the steps, then cosine decay to 0."""
+    warm = max(1, int(total * LR_WARMUP_SHARE))
+    if step < warm:
+        return (step + 1) / warm
+    return 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
+
+
+def batches(lengths: Sequence[int], size: int, steps: int, rng: random.Random, pool: int = 16) -> list[list[int]]:
+    """`steps` batches of indices: epochs of random permutations, cut into pools of `pool` batches whose
+    rows are sorted by length before being split, so a batch holds rows of similar length (less padding)."""
+    order: list[int] = []
+    while len(order) < steps * size:
+        order += rng.sample(range(len(lengths)), len(lengths))
+    out: list[list[int]] = []
+    for start in range(0, steps * size, size * pool):
+        chunk = sorted(order[start:min(start + size * pool, steps * size)], key=lambda i: lengths[i])
+        group = [chunk[j:j + size] for j in range(0, len(chunk), size)]
+        rng.shuffle(group)
+        out += group
+    return out
+
+
+def train(model: torch.nn.Module, demos: Sequence[Trajectory], cfg: WarmupConfig, pad_id: int,
+          progress: bool = True) -> list[float]:
+    """AdamW on the masked LM loss for cfg.steps steps of cfg.batch_size demonstrations; the losses."""
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg.steps))
+    model.train()
+    losses = []
+    bar = tqdm(batches([len(d.ids) for d in demos], cfg.batch_size, cfg.steps, random.Random(cfg.seed)), desc="warm-up",
+               disable=not progress)
+    for idx in bar:
+        loss = masked_lm_loss(model, collate([demos[i] for i in idx], pad_id))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+    model.eval()
+    return losses
+
+
+def warmup_dir(cfg: Config) -> Path:
+    """Where the warmed-up policy of `cfg` lives: `<cache_dir>/warmup-<hash(model, data, warmup)>/`."""
+    return resolve(cfg.cache_dir) / f"warmup-{cfg.hash('model', 'data', 'warmup')}"
+
+
+def warmed_up_policy(cfg: Config, progress: bool = True) -> Path:
+    """The directory of the warmed-up tiny policy (save_pretrained model + tokenizer), trained if absent.
+
+    Written atomically (a temporary directory, then a rename), so concurrent callers and interrupted
+    runs never see a half-written checkpoint. `warmup.json` beside it records losses and wall time.
+    """
+    target = warmup_dir(cfg)
+    if (target / "warmup.json").exists():
+        return target
+    t0 = time.perf_counter()
+    world_path = ensure_world(cfg.data, cfg.cache_dir)
+    world, retriever = load_world(world_path), bm25_for(world_path / "corpus.jsonl")
+    model, tokenizer = build_tiny_policy(cfg.model, world, seed=cfg.warmup.seed)
+    demos = [demonstration(q, tokenizer, retriever, cfg.data.top_k, early) for q, early in
+             pick_demonstrations(world, cfg.warmup)]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.warmup.seed)
+        losses = train(model, demos, cfg.warmup, tokenizer.pad_token_id, progress)
+    tmp = target.with_name(f"{target.name}.tmp-{random.randrange(1 << 30)}")
+    save_policy(model, tokenizer, tmp)
+    (tmp / "tg_config.json").write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))  # config.json is the model's
+    record = {"losses": losses, "seconds": time.perf_counter() - t0, "n_demos": len(demos),
+              "demo_tokens": sum(len(d.ids) for d in demos), "world": str(world_path)}
+    (tmp / "warmup.json").write_text(json.dumps(record))
+    try:
+        tmp.rename(target)
+    except OSError:  # another process finished first; its checkpoint is equivalent
+        shutil.rmtree(tmp)
+    return target
