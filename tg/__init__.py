@@ -13,7 +13,9 @@ Where the paper lives in the code (two files hold the algorithm: `tree.py` and `
     loss.py       clipped token-level loss, K3 KL, entropy (Eq. 8)
     theory.py     Proposition 3.1 (intra-tree GRPO vs step-level DPO), checked numerically
     trainer.py    one training step and the loop: the one place that wires the above
-    config.py     one frozen config, presets, the one switch (TG_PRESET)
+    config.py     one frozen config, presets, schedules, the one switch (TG_PRESET)
+    estimate.py   memory and wall-time arithmetic of a one-GPU run (pure); preflight.py: the checks
+    doctor.py     installed versions against the tested matrix
 
 Glossary (paper symbol -> config field -> argument):
 

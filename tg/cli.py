@@ -4,9 +4,13 @@
     tg world    [--preset P]                     build the synthetic world, show a document and questions
     tg warmup   [--preset P]                     warm up the tiny policy (cached) and report its EMs
     tg train    --method chain|tree [--M --N --L | --group-size G] [--steps --seed --resume --run-dir]
+                [--schedule paper|quick] [--skip-preflight]
+    tg preflight [--preset P] [--method ...] [--schedule S] [--decode-tps X --train-tps Y] [--no-measure]
+    tg doctor                                    installed versions against the tested matrix
     tg eval     --policy RUN_DIR|PATH [--out results/eval.csv]
     tg demo                                      chain GRPO vs Tree-GRPO from the same warmed-up policy
     tg data prepare --setting single-hop|multi-hop --out DIR [--source HUB_ID|LOCAL_DIR]
+    tg data corpus  --out DIR [--source HUB_ID|wiki-18.jsonl.gz] [--index]   wiki-18 (+ its BM25 index)
     tg retriever serve --corpus corpus.jsonl [--port 8000]
 """
 
@@ -22,7 +26,7 @@ from tg.config import Config, ConfigError, load_config
 
 
 def _config(args: argparse.Namespace) -> Config:
-    cfg = load_config(args.preset, *args.set)
+    cfg = load_config(args.preset, *args.set, schedule=args.schedule)
     if getattr(args, "method", None):
         cfg = method_config(cfg, args.method, args.M, args.N, args.L, args.group_size)
     if getattr(args, "steps", None):
@@ -45,6 +49,17 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default=None, help="cpu (default), paper-1.5b-single-hop, paper-1.5b-multi-hop; "
                                                   "else $TG_PRESET")
     p.add_argument("--set", action="append", default=[], metavar="GROUP.FIELD=VALUE", help="override a field")
+    p.add_argument("--schedule", choices=("paper", "quick"), default=None,
+                   help="paper: 180 steps x 512 prompts; quick: 60 x 64 (tg.config.SCHEDULES); default: the preset's")
+
+
+def _add_method(p: argparse.ArgumentParser, required: bool) -> None:
+    p.add_argument("--method", choices=("chain", "tree"), required=required)
+    p.add_argument("--M", type=int)
+    p.add_argument("--N", type=int)
+    p.add_argument("--L", type=int)
+    p.add_argument("--group-size", type=int, help="chain GRPO group size G (default 4)")
+    p.add_argument("--steps", type=int)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -54,24 +69,32 @@ def parser() -> argparse.ArgumentParser:
         _add_common(sub.add_parser(name))
     t = sub.add_parser("train")
     _add_common(t)
-    t.add_argument("--method", choices=("chain", "tree"), required=True)
-    t.add_argument("--M", type=int)
-    t.add_argument("--N", type=int)
-    t.add_argument("--L", type=int)
-    t.add_argument("--group-size", type=int, help="chain GRPO group size G (default 4)")
-    t.add_argument("--steps", type=int)
+    _add_method(t, required=True)
     t.add_argument("--seed", type=int)
     t.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint.pt")
     t.add_argument("--run-dir", default=None, help="default runs/<method>-<config hash>")
+    t.add_argument("--skip-preflight", action="store_true", help="do not run `tg preflight`'s checks first")
+    f = sub.add_parser("preflight", help="check CUDA, memory, model, data, retriever; estimate the wall time")
+    _add_common(f)
+    _add_method(f, required=False)
+    f.add_argument("--decode-tps", type=float, help="sampled tokens/s to estimate with (instead of measuring)")
+    f.add_argument("--train-tps", type=float, help="trained tokens/s (forward + backward) to estimate with")
+    f.add_argument("--no-measure", action="store_true", help="do not load the model to measure tokens/s")
+    sub.add_parser("doctor", help="installed versions against the tested matrix")
     e = sub.add_parser("eval")
     _add_common(e)
     e.add_argument("--policy", default=None, help="a run directory (its checkpoint) or a model path; "
                                                   "default: the preset's starting policy")
     e.add_argument("--out", default="results/eval.csv")
-    d = sub.add_parser("data").add_subparsers(dest="action", required=True).add_parser("prepare")
+    data = sub.add_parser("data").add_subparsers(dest="action", required=True)
+    d = data.add_parser("prepare")
     d.add_argument("--setting", choices=("single-hop", "multi-hop"), required=True)
     d.add_argument("--out", required=True)
     d.add_argument("--source", default="RUC-NLPIR/FlashRAG_datasets", help="hub id or a local FlashRAG directory")
+    c = data.add_parser("corpus", help="the wiki-18 corpus as JSONL (Search-R1's), optionally its BM25 index")
+    c.add_argument("--out", required=True)
+    c.add_argument("--source", default="PeterJinGo/wiki-18-corpus", help="hub dataset id or a local .jsonl(.gz)")
+    c.add_argument("--index", action="store_true", help="also build the BM25 index; report time, peak RAM, disk")
     r = sub.add_parser("retriever").add_subparsers(dest="action", required=True).add_parser("serve")
     r.add_argument("--corpus", required=True, help="JSONL with id and contents (wiki-18 layout)")
     r.add_argument("--host", default="127.0.0.1")
@@ -91,6 +114,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     from tg import commands
+    if args.command == "doctor":
+        return commands.doctor()
+    if args.command == "data" and args.action == "corpus":
+        commands.data_corpus(args.out, args.source, args.index)
+        return 0
     if args.command == "data":
         commands.data_prepare(args.setting, args.out, args.source)
         return 0
@@ -104,8 +132,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     run = {"world": commands.world, "warmup": commands.warmup, "demo": commands.demo}.get(args.command)
     if run:
         run(cfg)
+    elif args.command == "preflight":
+        return commands.preflight(cfg, args.decode_tps, args.train_tps, measure=not args.no_measure)
     elif args.command == "train":
-        commands.train(cfg, Path(args.run_dir) if args.run_dir else None, args.resume)
+        row = commands.train(cfg, Path(args.run_dir) if args.run_dir else None, args.resume,
+                             preflight=not args.skip_preflight)
+        return 0 if row is not None else 1
     elif args.command == "eval":
         commands.evaluate_policy(cfg, args.policy, Path(args.out))
     return 0

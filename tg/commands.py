@@ -72,10 +72,23 @@ def default_run_dir(cfg: Config) -> Path:
     return resolve("runs") / f"{kind}-{cfg.hash()}"
 
 
-def train(cfg: Config, run_dir: Path | None, resume: bool) -> dict:
-    """Train, evaluate at the end, append a Table-1-shaped row to results/runs.csv."""
+def train(cfg: Config, run_dir: Path | None, resume: bool, preflight: bool = True) -> dict | None:
+    """Pre-flight (not for the tiny model), train, evaluate at the end, append a Table-1-shaped row to
+    results/runs.csv. Returns None, having printed the failing checks, when the pre-flight fails."""
+    from tg.preflight import check_longest_sample, check_wall_time, format_report, static_checks
+    checked = preflight and cfg.model.name_or_path != "tiny"
+    if checked:
+        checks, shape = static_checks(cfg)
+        print(format_report(checks), flush=True)
+        if any(c.failed for c in checks):
+            return None
     run_dir = run_dir or default_run_dir(cfg)
     run = build_run(cfg, run_dir)
+    if checked and shape is not None and torch.cuda.is_available():  # the longest sample first: OOM in minute one
+        longest, tp = check_longest_sample(run.trainer.policy.model, cfg, shape.vocab)
+        print(format_report([longest, check_wall_time(cfg, tp)]), flush=True)
+        if longest.failed:
+            return None
     metrics = run.trainer.fit(resume=resume)
     result = evaluate_model(run.trainer.policy.model, run.tokenizer, run.resources, cfg)
     row = result_row(result, cfg, method=method_name(cfg), model=cfg.model.name_or_path, seed=cfg.optim.seed,
@@ -133,6 +146,41 @@ def warmup(cfg: Config) -> EvalResult:
     print("transcript of the first multi-hop test question:\n" + result.transcripts[len(res.test_sets(cfg)[0])])
     print("greedy EM:", {k: round(v, 3) for k, v in result.by_source().items()})
     return result
+
+
+def preflight(cfg: Config, decode_tps: float | None, train_tps: float | None, measure: bool) -> int:
+    """Print the pre-flight report; 1 when a required check fails."""
+    from tg.preflight import Throughput, format_report, run_preflight
+    given = Throughput(decode_tps, train_tps, "given") if decode_tps and train_tps else None
+    checks = run_preflight(cfg, given, measure=measure)
+    print(format_report(checks))
+    return 1 if any(c.failed for c in checks) else 0
+
+
+def doctor() -> int:
+    """Print installed versions against the tested matrix; 1 on a mismatch or a missing dependency."""
+    from tg.doctor import compare, failed, format_rows, installed_versions, read_matrix
+    rows = compare(installed_versions(), read_matrix(resolve(".")))
+    print(format_rows(rows))
+    cuda = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    print(f"torch CUDA: {torch.version.cuda or 'cpu build'}, device: {cuda}")
+    return 1 if failed(rows) else 0
+
+
+def data_corpus(out: str, source: str, index: bool) -> None:
+    """wiki-18 as JSONL; with `index`, build the BM25 index and report build time, peak RAM and disk size."""
+    import resource
+    from tg.data import prepare_corpus
+    from tg.retrieval import bm25_for
+    corpus = prepare_corpus(out, source)
+    print(f"corpus: {corpus} ({corpus.stat().st_size / 2**30:.2f} GiB)")
+    if index:
+        t0 = time.perf_counter()
+        retriever = bm25_for(corpus)
+        size = sum(f.stat().st_size for f in (corpus.parent / "bm25").iterdir())
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux -> GiB
+        print(f"BM25 index: {corpus.parent / 'bm25'}, {len(retriever.docs):,} passages, "
+              f"{time.perf_counter() - t0:.0f} s, peak RSS {rss:.2f} GiB, {size / 2**30:.2f} GiB on disk")
 
 
 def data_prepare(setting: str, out: str, source: str) -> None:

@@ -213,3 +213,40 @@ def prepare(setting: str, out_dir: str | Path, source: str = HUB_SOURCE, cache_d
         rows[role] += _rows(dd[split], name, split)
     out = Path(out_dir)
     return {role: _write_parquet(r, out / f"{role}.parquet") for role, r in rows.items()}
+
+
+# ---- the wiki-18 corpus (PAPER.md 4.3, 6.5) ----------------------------------------------------------
+
+WIKI18_HUB = "PeterJinGo/wiki-18-corpus"
+"""Search-R1's wiki-18 corpus (DPR's 2018 Wikipedia in 100-word passages, 21,015,324 rows) as wiki-18.jsonl.gz."""
+
+
+def prepare_corpus(out_dir: str | Path, source: str = WIKI18_HUB) -> Path:
+    """`<out_dir>/wiki-18.jsonl` ({"id", "contents": '"Title"\\ntext'} rows) from the hub or a local file.
+
+    source: a hub dataset id holding `wiki-18.jsonl.gz` (the default, ~4.5 GB compressed, ~14 GB
+    unpacked), or a local `.jsonl.gz` / `.jsonl` file (copied from a machine with network).
+    An existing output is kept. Serve it with `tg retriever serve --corpus <out_dir>/wiki-18.jsonl`.
+    """
+    import gzip
+    import shutil
+
+    out = Path(out_dir) / "wiki-18.jsonl"
+    if out.is_file():
+        return out
+    local = Path(source).expanduser()
+    if not local.is_file():
+        from huggingface_hub import hf_hub_download
+        try:
+            local = Path(hf_hub_download(source, "wiki-18.jsonl.gz", repo_type="dataset", local_dir=str(out_dir)))
+        except (OSError, ValueError) as e:
+            raise DataError(f"could not download wiki-18.jsonl.gz from the hub dataset {source!r} "
+                            f"({type(e).__name__}: {e}). Where the hub is reachable run `huggingface-cli download "
+                            f"{source} --repo-type dataset`, copy wiki-18.jsonl.gz here and pass "
+                            "--source /path/to/wiki-18.jsonl.gz") from e
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".jsonl.tmp")
+    with (gzip.open(local, "rb") if local.suffix == ".gz" else local.open("rb")) as src, tmp.open("wb") as dst:
+        shutil.copyfileobj(src, dst, length=1 << 24)
+    tmp.replace(out)
+    return out

@@ -1,0 +1,259 @@
+"""Memory and wall-time estimates for one run on one GPU: pure arithmetic, no torch, no I/O.
+
+`tg preflight` (tg/preflight.py) feeds these functions a model shape, the config and either a
+measured or an assumed throughput; the tests check every size against a hand computation for
+Qwen2.5-1.5B. Sizes are bytes; "GiB" is 2**30 bytes.
+
+Where the bytes go (QLoRA, the paper presets):
+- the base: decoder Linear weights in NF4 (0.5 byte/param + one fp32 absmax per 64 weights, no
+  double quantisation), every other parameter (embeddings, norms, biases) in fp32, because peft's
+  `prepare_model_for_kbit_training` casts the non-4-bit parameters to fp32;
+- LoRA: A and B per target module, fp32 (peft's default autocast), with fp32 grads and AdamW's two
+  fp32 moments: 16 bytes per LoRA parameter;
+- activations of the longest micro-batch (`activation_bytes`) and the rollout KV cache of the engine.
+
+Stated assumptions, numbered (estimates, not measurements; the measured tokens/s of `tg preflight`
+on the GPU replace the throughput ones):
+1. A decoder layer keeps (6 h + 2 kv + 4 i) bf16 values per token for its backward (layer input, norm
+   outputs, q / k / v, attention output, gate, up, activation, product); with gradient checkpointing
+   only the layer input is kept, and one layer at a time is recomputed.
+2. The logits cost 14 bytes per token and vocabulary entry: bf16 logits (2), the fp32 copy that
+   `tg.loss.token_logprobs` keeps for the backward (4), and two fp32 temporaries (log-softmax,
+   entropy; 8). For Qwen2.5's 151,936-entry vocabulary this term dominates.
+3. vLLM takes `gpu_memory_utilization` of the whole GPU for its weights (bf16, full model), its
+   profiling activations (`VLLM_OVERHEAD`) and the KV cache (the rest).
+4. CUDA context and allocator slack: `CUDA_OVERHEAD` per process.
+5. A forward pass costs a third of a forward + backward (`FORWARD_SHARE`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from tg.config import Config
+
+GIB = 2**30
+NF4_BYTES_PER_PARAM = 0.5 + 4 / 64
+"""4-bit weight plus one fp32 absmax per block of 64 (bitsandbytes NF4, no double quantisation)."""
+LORA_BYTES_PER_PARAM = 16
+"""fp32 weight 4 + fp32 grad 4 + AdamW exp_avg 4 + exp_avg_sq 4."""
+LOGIT_BYTES = 14
+"""Assumption 2: bytes per token per vocabulary entry for the logits and the log-prob / entropy math."""
+CUDA_OVERHEAD = 1 * GIB
+"""Assumption 4."""
+VLLM_OVERHEAD = 2 * GIB
+"""Assumption 3: vLLM's profiling activations and CUDA graphs, outside the KV cache."""
+FORWARD_SHARE = 1 / 3
+"""Assumption 5."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes of a Qwen2-class decoder (the fields of its `config.json`)."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    tied_embeddings: bool
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the k (or v) projection: kv_heads * head_dim."""
+        return self.kv_heads * self.head_dim
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) of each decoder Linear, by its module name (Qwen2 naming, LoRA targets)."""
+        h, kv, i = self.hidden, self.kv_dim, self.intermediate
+        return {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h),
+                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+
+QWEN2_5_1_5B = ModelShape(hidden=1536, layers=28, heads=12, kv_heads=2, intermediate=8960, vocab=151936,
+                          tied_embeddings=True)
+"""Qwen/Qwen2.5-1.5B's config.json (used when the config file itself is not at hand)."""
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Parameters of a model, split by how QLoRA stores them."""
+
+    linear: int
+    """Decoder Linear weights (quantised to NF4 under QLoRA)."""
+    other: int
+    """Embeddings, untied LM head, norms and q/k/v biases (kept in fp32 under QLoRA)."""
+
+    @property
+    def total(self) -> int:
+        return self.linear + self.other
+
+
+def param_counts(s: ModelShape) -> ParamCounts:
+    """Parameter counts of a Qwen2 decoder: q/k/v carry biases, two RMSNorms per layer plus a final one."""
+    linear = s.layers * sum(a * b for a, b in s.linear_shapes().values())
+    embed = s.vocab * s.hidden * (1 if s.tied_embeddings else 2)
+    per_layer = (s.hidden + 2 * s.kv_dim) + 2 * s.hidden          # biases + norms
+    return ParamCounts(linear=linear, other=embed + s.layers * per_layer + s.hidden)
+
+
+def lora_params(s: ModelShape, r: int, targets: tuple[str, ...]) -> int:
+    """LoRA parameters: r (in + out) per target Linear per layer (A is r x in, B is out x r)."""
+    shapes = s.linear_shapes()
+    return s.layers * sum(r * (shapes[t][0] + shapes[t][1]) for t in targets if t in shapes)
+
+
+def weight_bytes(s: ModelShape, finetune: str, weight_dtype_bytes: int = 2) -> int:
+    """Bytes of the model's weights on the GPU, before any optimiser state.
+
+    qlora: NF4 decoder Linears, fp32 rest (module docstring). lora / full: every parameter at
+    `weight_dtype_bytes` (2 for bf16). Full fine-tuning adds a frozen reference copy (tg.finetune).
+    """
+    p = param_counts(s)
+    if finetune == "qlora":
+        return math.ceil(p.linear * NF4_BYTES_PER_PARAM) + 4 * p.other
+    copies = 2 if finetune == "full" else 1
+    return copies * p.total * weight_dtype_bytes
+
+
+def trainable_bytes(s: ModelShape, finetune: str, r: int, targets: tuple[str, ...],
+                    weight_dtype_bytes: int = 2) -> int:
+    """Grads and AdamW moments (and the LoRA weights themselves) of what is trained.
+
+    LoRA / QLoRA: 16 bytes per LoRA parameter. Full: grad + two moments in the weights' dtype
+    (torch's AdamW keeps its state in the parameter dtype), 3 x weight_dtype_bytes per parameter.
+    """
+    if finetune == "full":
+        return 3 * weight_dtype_bytes * param_counts(s).total
+    return LORA_BYTES_PER_PARAM * lora_params(s, r, targets)
+
+
+def activation_bytes(s: ModelShape, rows: int, tokens: int, checkpointing: bool) -> int:
+    """Peak activation bytes of one forward + backward on a micro-batch of `rows` x `tokens` (assumptions 1, 2)."""
+    n = rows * tokens
+    per_layer = 2 * (6 * s.hidden + 2 * s.kv_dim + 4 * s.intermediate)    # bytes per token, one layer
+    layers = 2 * s.layers * s.hidden + per_layer if checkpointing else s.layers * per_layer
+    return n * (layers + LOGIT_BYTES * s.vocab)
+
+
+def kv_bytes_per_token(s: ModelShape, dtype_bytes: int = 2) -> int:
+    """K and V of every layer for one token: 2 x layers x kv_heads x head_dim x dtype_bytes."""
+    return 2 * s.layers * s.kv_dim * dtype_bytes
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """GPU bytes of one run at its peak, by part."""
+
+    weights: int
+    trainable: int
+    activations: int
+    rollout_kv: int
+    """HF engine: the KV cache of every row rolled out at once, at full context (an upper bound)."""
+    vllm: int
+    """vLLM engine: its whole reservation (gpu_memory_utilization x GPU memory)."""
+    overhead: int = CUDA_OVERHEAD
+
+    @property
+    def total(self) -> int:
+        """Rollout and update alternate, so the HF engine's KV and the activations do not add up."""
+        return self.weights + self.trainable + max(self.activations, self.rollout_kv) + self.vllm + self.overhead
+
+    def parts_gib(self) -> dict[str, float]:
+        return {k: getattr(self, k) / GIB for k in ("weights", "trainable", "activations", "rollout_kv", "vllm",
+                                                      "overhead", "total")}
+
+
+def vllm_kv_tokens(s: ModelShape, gpu_bytes: int, utilization: float) -> int:
+    """Tokens of KV cache vLLM can hold: its share, less bf16 weights and overhead (assumption 3)."""
+    free = utilization * gpu_bytes - 2 * param_counts(s).total - VLLM_OVERHEAD
+    return max(0, int(free // kv_bytes_per_token(s)))
+
+
+def largest_fitting(rows: int, fits: Callable[[int], bool]) -> int:
+    """The largest r in 1..rows with fits(r) (fits is monotone: fewer rows never need more memory); 0 if none."""
+    return max((r for r in range(1, rows + 1) if fits(r)), default=0)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Tokens of one run, per step. The two token counts are assumptions until a run measures them."""
+
+    steps: int
+    prompts_per_step: int
+    chains_per_prompt: float
+    """Chain-equivalent rollout budget per prompt: M (1 + L N / 2) (PAPER.md 1.2)."""
+    rows_per_prompt: int
+    """Training rows (leaves) per prompt: M (1 + L N)."""
+    frozen_passes: int
+    """Extra forwards per row without grad: reference (KL) and old log-probs (several mini-batches)."""
+    eval_questions: int
+    evals: int
+    """Evaluations in the run (periodic plus the final one)."""
+    gen_tokens_per_chain: int = 400
+    """Assumed policy tokens sampled per chain: 2-3 turns of ~150 tokens (the `generated` metric measures it)."""
+    row_tokens: int = 1500
+    """Assumed tokens per training row: prompt, steps and 2-3 observations of up to 500 tokens."""
+
+
+def step_seconds(w: Workload, decode_tps: float, train_tps: float) -> float:
+    """One training step: rollout at `decode_tps` sampled tokens/s, update at `train_tps` trained tokens/s.
+
+    rollout = prompts x chains_per_prompt x gen_tokens_per_chain / decode_tps
+    update  = prompts x rows_per_prompt x row_tokens x (1 + frozen_passes x FORWARD_SHARE) / train_tps
+    """
+    rollout = w.prompts_per_step * w.chains_per_prompt * w.gen_tokens_per_chain / decode_tps
+    update = w.prompts_per_step * w.rows_per_prompt * w.row_tokens * (1 + w.frozen_passes * FORWARD_SHARE) / train_tps
+    return rollout + update
+
+
+def run_seconds(w: Workload, decode_tps: float, train_tps: float) -> float:
+    """The whole run: steps x step_seconds, plus evaluations (one greedy chain per question)."""
+    evals = w.evals * w.eval_questions * w.gen_tokens_per_chain / decode_tps
+    return w.steps * step_seconds(w, decode_tps, train_tps) + evals
+
+
+# ---- from a Config ---------------------------------------------------------------------------------
+
+def longest_row_tokens(cfg: Config) -> int:
+    """The longest training row: the context cap plus one observation appended past it (tg.rollout)."""
+    return cfg.agent.max_context_tokens + cfg.agent.max_obs_tokens
+
+
+def rollout_rows(cfg: Config) -> int:
+    """Rows the HF engine holds at once: a step's widest round (seeds: prompts x M; expansions:
+    prompts x M x N, each with its own copy of the prefix KV), or one evaluation batch."""
+    t = cfg.tree
+    return max(cfg.optim.prompts_per_step * t.M * max(1, t.N), cfg.eval.batch_size)
+
+
+def memory_estimate(s: ModelShape, cfg: Config, gpu_bytes: int, micro_batch_rows: int | None = None) -> MemoryEstimate:
+    """Peak GPU bytes of `cfg` on a GPU of `gpu_bytes` (the vLLM share depends on it)."""
+    m, a = cfg.model, cfg.agent
+    wbytes = 4 if m.dtype == "float32" else 2
+    rows = micro_batch_rows or cfg.optim.micro_batch_rows
+    hf = a.engine == "hf"
+    return MemoryEstimate(
+        weights=weight_bytes(s, m.finetune, wbytes),
+        trainable=trainable_bytes(s, m.finetune, m.lora_r, m.lora_targets, wbytes),
+        activations=activation_bytes(s, rows, longest_row_tokens(cfg), m.gradient_checkpointing),
+        rollout_kv=rollout_rows(cfg) * a.max_context_tokens * kv_bytes_per_token(s, wbytes) if hf else 0,
+        vllm=0 if hf else int(a.vllm_gpu_memory_utilization * gpu_bytes))
+
+
+def workload(cfg: Config) -> Workload:
+    """The run's token workload (the final evaluation of `tg train` included)."""
+    o, t = cfg.optim, cfg.tree
+    frozen = int(o.kl_beta > 0) + int(o.prompts_per_step // o.mini_batch_prompts > 1)
+    e, d = cfg.eval, cfg.data
+    # prepared files hold one setting's test sets; the synthetic world holds both
+    n_eval = e.n_single + e.n_multi if d.source == "synthetic" else (e.n_single if d.setting == "single-hop" else e.n_multi)
+    return Workload(steps=o.steps, prompts_per_step=o.prompts_per_step, chains_per_prompt=t.chain_equivalent_budget,
+                    rows_per_prompt=t.group_size, frozen_passes=frozen, eval_questions=n_eval, evals=1)
