@@ -224,8 +224,8 @@ WIKI18_HUB = "PeterJinGo/wiki-18-corpus"
 def prepare_corpus(out_dir: str | Path, source: str = WIKI18_HUB) -> Path:
     """`<out_dir>/wiki-18.jsonl` ({"id", "contents": '"Title"\\ntext'} rows) from the hub or a local file.
 
-    source: a hub dataset id holding `wiki-18.jsonl.gz` (the default, ~4.5 GB compressed, ~14 GB
-    unpacked), or a local `.jsonl.gz` / `.jsonl` file (copied from a machine with network).
+    source: a hub dataset id holding `wiki-18.jsonl.gz` (the default; a multi-GB download), or a
+    local `.jsonl.gz` / `.jsonl` file (copied from a machine with network).
     An existing output is kept. Serve it with `tg retriever serve --corpus <out_dir>/wiki-18.jsonl`.
     """
     import gzip
