@@ -76,7 +76,7 @@ def train(cfg: Config, run_dir: Path | None, resume: bool, preflight: bool = Tru
     """Pre-flight (not for the tiny model), train, evaluate at the end, append a Table-1-shaped row to
     results/runs.csv. Returns None, having printed the failing checks, when the pre-flight fails."""
     from tg.preflight import check_longest_sample, check_wall_time, format_report, static_checks
-    checked = preflight and cfg.model.name_or_path != "tiny"
+    checked, shape = preflight and cfg.model.name_or_path != "tiny", None
     if checked:
         checks, shape = static_checks(cfg)
         print(format_report(checks), flush=True)

@@ -252,7 +252,7 @@ def measure_longest_sample(model: Any, vocab: int, rows: int, tokens: int, decod
     decode_s = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated(dev) / GIB if cuda else None
     return Throughput(decode_rows * decode_tokens / decode_s, rows * tokens / train_s,
-                      "measured: HF decode, a lower bound for vLLM" , peak)
+                      "measured: HF decode, a lower bound for vLLM", peak)
 
 
 def check_longest_sample(model: Any, cfg: Config, vocab: int) -> tuple[Check, Throughput | None]:
