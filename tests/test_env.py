@@ -8,7 +8,7 @@ from tg.engine import GenOut
 from tg.protocol import INVALID_ACTION, Trajectory
 from tg.reward import reward
 
-PIECES = ["<think>", "</think>", "<search>", "</search>", "<answer>", "</answer>", "<information>", " ", "Merke",
+PIECES = ["<think>", "</think>", "<search>", "</search>", "<answer>", "</answer>", "<information>", " ", "Rumen",
           "capital", "of", "?", "\n", "", "<|im_end|>"]
 
 
@@ -43,12 +43,12 @@ def test_malformed_steps_give_well_formed_records(tok_env, parts, extra, finish,
         assert step.obs_ids and step.docs
     traj = Trajectory([1, 2], [step])
     assert len(traj.ids) == len(traj.mask) and traj.mask[:2] == [0, 0]
-    assert -0.2 <= reward([step.text], ["Merke"]) <= 1.0
+    assert -0.2 <= reward([step.text], ["Rumen"]) <= 1.0
 
 
 def test_search_after_the_turn_cap_is_not_executed(tok_env):
     tok, env = tok_env
-    ids = tok.encode("<think> x </think> <search> Merke </search>", add_special_tokens=False)
+    ids = tok.encode("<think> x </think> <search> Rumen </search>", add_special_tokens=False)
     capped, free = env.observe([GenOut(ids, [0.0] * len(ids), "stop")] * 2, [env.max_turns, 0])
     assert capped.ends_episode and capped.obs_ids == [] and not capped.is_search
-    assert not free.ends_episode and free.is_search and free.docs[0] == "Merke"
+    assert not free.ends_episode and free.is_search and free.docs[0] == "Rumen"

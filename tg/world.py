@@ -33,7 +33,7 @@ from pathlib import Path
 
 from tg.config import DataConfig
 
-WORLD_VERSION = 1
+WORLD_VERSION = 4
 """Bump when the generator changes: it is part of the cache key."""
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ENTITY_TYPES = ("country", "city", "company", "person")
@@ -51,29 +51,35 @@ class Relation:
     name: str
     subject: str
     object: str
-    sentence: str
-    """Document sentence stating the fact."""
+    noun: str
+    """The object's role: 'founder' in 'the founder of {s}'."""
     question: str
     """One-hop question asking for the object."""
-    phrase: str
-    """Noun phrase for the object, nested to build multi-hop questions ('the founder of {s}')."""
+
+    @property
+    def phrase(self) -> str:
+        """Noun phrase for the object, nested to build multi-hop questions ('the founder of {s}')."""
+        return f"the {self.noun} of {{s}}"
+
+    @property
+    def sentence(self) -> str:
+        """Document sentence stating the fact ("{s}'s founder is {o}.")."""
+        return f"{{s}}'s {self.noun} is {{o}}."
 
 
 RELATIONS = {r.name: r for r in (
-    Relation("country", "city", "country", "{s} is located in {o}.", "In which country is {s}?", "the country of {s}"),
-    Relation("capital", "country", "city", "The capital of {s} is {o}.", "What is the capital of {s}?",
-             "the capital of {s}"),
-    Relation("leader", "country", "person", "{s} is led by {o}.", "Who leads {s}?", "the leader of {s}"),
-    Relation("headquarters", "company", "city", "{s} is headquartered in {o}.", "In which city is {s} headquartered?",
-             "the headquarters of {s}"),
-    Relation("founder", "company", "person", "{s} was founded by {o}.", "Who founded {s}?", "the founder of {s}"),
-    Relation("chief", "company", "person", "The chief executive of {s} is {o}.", "Who is the chief executive of {s}?",
-             "the chief executive of {s}"),
-    Relation("birthplace", "person", "city", "{s} was born in {o}.", "In which city was {s} born?",
-             "the birthplace of {s}"),
-    Relation("employer", "person", "company", "{s} works for {o}.", "Which company does {s} work for?",
-             "the employer of {s}"),
+    Relation("country", "city", "country", "country", "In which country is {s}?"),
+    Relation("capital", "country", "city", "capital", "What is the capital of {s}?"),
+    Relation("leader", "country", "person", "leader", "Who leads {s}?"),
+    Relation("headquarters", "company", "city", "headquarters", "In which city is {s} headquartered?"),
+    Relation("founder", "company", "person", "founder", "Who founded {s}?"),
+    Relation("chief", "company", "person", "chief executive", "Who is the chief executive of {s}?"),
+    Relation("birthplace", "person", "city", "birthplace", "In which city was {s} born?"),
+    Relation("employer", "person", "company", "employer", "Which company does {s} work for?"),
 )}
+"""Every fact is stated as "<subject>'s <noun> is <object>.", the sentence the scripted thoughts restate:
+reading is a look-up-and-copy keyed by '<noun> is', which occurs once per observation for the relation
+asked (infobox-like passages; a design choice that lets a 1M-parameter model learn to read in minutes)."""
 
 
 @dataclass
