@@ -9,7 +9,7 @@ from tg.finetune import trainable_policy
 from tg.policy import save_policy
 from tg.trainer import NonFiniteError, Trainer
 
-TIMING = ("rollout_s", "update_s")
+TIMING = ("rollout_s", "logprob_s", "update_s")
 
 
 @pytest.fixture(scope="module")

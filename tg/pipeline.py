@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tg.config import Config, ConfigError, ModelConfig
+from tg.config import DataConfig, Config, ConfigError, ModelConfig
 from tg.data import Question, load_split
 from tg.env import SearchEnv
 from tg.retrieval import CachedRetriever, bm25_for
@@ -70,12 +70,13 @@ def _policy_path(cfg: Config) -> str:
         raise ConfigError("model.name_or_path = 'tiny' needs warmup.enabled = true (a random tiny model "
                           "cannot follow the protocol)")
     from tg.warmup import warmed_up_policy
-    # the warm-up trains the whole base model: how RL later fine-tunes it (full / LoRA / QLoRA)
-    # must not key a separate warm-up
+    # the warm-up trains the whole base model on both question kinds: how RL later fine-tunes it (full /
+    # LoRA / QLoRA) and which setting it trains on must not key a separate warm-up
     d = ModelConfig()
     base = cfg.replace(model=dict(finetune=d.finetune, lora_r=d.lora_r, lora_alpha=d.lora_alpha,
                                   lora_dropout=d.lora_dropout, lora_targets=d.lora_targets,
-                                  gradient_checkpointing=d.gradient_checkpointing))
+                                  gradient_checkpointing=d.gradient_checkpointing),
+                       data=dict(setting=DataConfig().setting))
     return str(warmed_up_policy(base))
 
 

@@ -67,7 +67,8 @@ METRICS: dict[str, str] = {
     "entropy": "mean policy entropy on policy tokens", "grad_norm": "global grad norm before clipping",
     "lr": "learning rate",
     "sync_maxdiff": "vLLM engine only: max |log-prob| gap on a probe between the engine and the trainer after sync",
-    "rollout_s": "rollout wall seconds", "update_s": "old/ref log-probs + update seconds",
+    "rollout_s": "rollout wall seconds", "logprob_s": "reference (and old, with several mini-batches) log-prob seconds",
+    "update_s": "advantages + forward/backward + optimiser + engine sync seconds",
 }
 
 
@@ -219,10 +220,12 @@ class Trainer:
         o = self.cfg.optim
         minis = self._micro_batches(rows)
         flat = [idx for mini in minis for idx in mini]
+        t0 = time.perf_counter()
         ref = iter(self._frozen_logprobs(rows, flat, reference=True)) if o.kl_beta > 0 else None
         old = iter(self._frozen_logprobs(rows, flat, reference=False)) if len(minis) > 1 else None
         sizes = rows.mask.sum(1).float() if o.loss_agg == "token-mean" else torch.ones(len(rows.question))
         self.policy.model.train()
+        logprob_s = time.perf_counter() - t0
         stats: dict[str, float] = {}
         for mini in minis:
             total = sum(float(sizes[idx].sum()) for idx in mini)
@@ -237,7 +240,7 @@ class Trainer:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        stats.update(grad_norm=float(grad_norm), lr=self.scheduler.get_last_lr()[0])
+        stats.update(grad_norm=float(grad_norm), lr=self.scheduler.get_last_lr()[0], logprob_s=logprob_s)
         sync = self.engine.sync(self.policy.model, self.probe)
         if sync is not None:
             stats["sync_maxdiff"] = sync
@@ -273,7 +276,8 @@ class Trainer:
                 "adv_intra_std": float(adv.intra.std()), "adv_inter_std": float(adv.inter.std()),
                 **{k: stats[k] for k in ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm", "lr",
                                          "sync_maxdiff") if k in stats},
-                "rollout_s": t1 - t0, "update_s": time.perf_counter() - t1}
+                "rollout_s": t1 - t0, "logprob_s": stats["logprob_s"],
+                "update_s": time.perf_counter() - t1 - stats["logprob_s"]}
 
     # ---- checkpoints --------------------------------------------------------------------------------
     @property
