@@ -8,16 +8,22 @@ figures/demo_chain_vs_tree.png and rows to results/demo.csv. Whatever it shows i
 from __future__ import annotations
 
 import json
+import random
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from tg.commands import build_run, evaluate_model, method_name
 from tg.config import Config
+from tg.engine import HFEngine, Sampling
 from tg.evaluate import EvalResult, append_row, result_row
-from tg.pipeline import load_resources
+from tg.pipeline import Resources, load_resources
 from tg.policy import load_policy
+from tg.protocol import prompt_ids
+from tg.trainer import leaf_rewards
+from tg.tree import sample_trees
 from tg.world import resolve
 
 PAIR = {"chain GRPO, G=4": dict(M=4, N=0, L=0), "Tree-GRPO (2,2,1)": dict(M=2, N=2, L=1)}
@@ -26,6 +32,29 @@ PAIR = {"chain GRPO, G=4": dict(M=4, N=0, L=0), "Tree-GRPO (2,2,1)": dict(M=2, N
 def _multi_hop_calls(result: EvalResult) -> float:
     calls = [c for c, s in zip(result.tool_calls, result.sources) if not s.endswith("single")]
     return float(np.mean(calls)) if calls else float("nan")
+
+
+def chain_batch(model: Any, tok: Any, res: Resources, cfg: Config, n_questions: int = 4, group: int = 4) -> str:
+    """`group` sampled chains (training temperature) for the first `n_questions` multi-hop test questions,
+    one line per chain: its searches, its answer and its reward (the GRPO baseline's rollout)."""
+    questions = res.test_sets(cfg)[1][:n_questions]
+    a = cfg.agent
+    trees, _ = sample_trees(HFEngine(model, tok), res.env(tok, cfg), [prompt_ids(tok, q.question) for q in questions],
+                            M=group, N=0, L=0, sampling=Sampling(a.temperature, a.top_p, cfg.optim.seed),
+                            rng=random.Random(cfg.optim.seed), max_step_tokens=a.max_step_tokens,
+                            max_context_tokens=a.max_context_tokens)
+    flat = [t for ts in trees for t in ts]
+    leaf_rewards(flat, [q.golden_answers for q in questions], a.reward, a.format_penalty)
+    lines = []
+    for q, ts in zip(questions, trees):
+        lines.append(f"Q: {q.question}   gold: {q.golden_answers[0]}")
+        for t in ts:
+            (leaf,) = t.leaves()
+            steps = t.path(leaf)
+            searches = " -> ".join(s.action.argument for s in steps if s.action.kind == "search") or "(none)"
+            answer = next((s.action.argument for s in reversed(steps) if s.action.kind == "answer"), "(none)")
+            lines.append(f"   searches: {searches:<34} answer: {answer:<12} reward: {t.rewards[leaf]:+.2f}")
+    return "\n".join(lines)
 
 
 def _table(rows: dict[str, dict]) -> str:
@@ -55,6 +84,8 @@ def run_demo(cfg: Config, out_dir: str | Path = "figures") -> dict[str, dict]:
     start = evaluate_model(model, tok, res, cfg, progress=False)
     n_single = len(res.test_sets(cfg)[0])
     print("\nA greedy multi-hop episode of the warmed-up policy (before RL):\n" + start.transcripts[n_single])
+    print("\nA batch of sampled chains (G=4, temperature {}) with their rewards:\n".format(cfg.agent.temperature)
+          + chain_batch(model, tok, res, cfg))
     summaries["start (warmed up)"] = _summary(start, [], 0.0)
     for name, shape in PAIR.items():
         run_cfg = cfg.replace(tree=shape)
