@@ -129,6 +129,9 @@ class WarmupConfig:
     """Demonstrations per step."""
     lr: float = 3e-3
     """AdamW learning rate (6e-3 delayed copying past 500 steps in one measured run)."""
+    observation_loss: bool = True
+    """Also fit the observation (document) tokens, as pretraining would: copying is learnt sooner and
+    more reliably (tg/warmup.py). RL always masks observations."""
     seed: int = 0
     """Seed of the demonstrations and initial weights."""
 
