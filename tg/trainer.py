@@ -23,7 +23,6 @@ Deviations, numbered:
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import time

@@ -7,9 +7,9 @@ token-exactly as rollouts will see them (PAPER.md 1.1, 4.4):
     prompt_ids(question)
     <think> I need the founder of Zanto. </think> <search> Zanto </search>        policy (mask 1)
     \\n\\n<information>Doc 1(Title: Zanto) ... </information>\\n\\n               retriever (mask 0)
-    <think> The founder of Zanto is Aldo. I need the birthplace of Aldo. </think> <search> Aldo </search>
+    <think> Zanto's founder is Aldo. I need the birthplace of Aldo. </think> <search> Aldo </search>
     ...
-    <think> The birthplace of Aldo is Borv. </think> <answer> Borv </answer>      policy, ends the episode
+    <think> Aldo's birthplace is Borv. </think> <answer> Borv </answer>           policy, ends the episode
 
 Difficulty knobs (`WarmupConfig`): `multi_hop_share` of the demonstrations are multi-hop, and
 `early_stop_share` of those stop one hop early and answer the intermediate entity: plausible but
@@ -27,7 +27,9 @@ memorises the training facts and never learns to copy (held-out answer accuracy 
 measured 2026-11-29); with it, copying appears after 250-400 steps, or not within 700 (one of four
 measured runs stalled). With `observation_loss` the loss also covers the documents, as pretraining on
 text would: each observation repeats its titles three times, ten times more copy events per episode
-than the policy's own tokens, and copying appeared after 150-250 steps. RL still masks observations.
+than the policy's own tokens; in a probe, held-out answer accuracy reached 0.41 by step 250 (0.07
+without), and both measured default warm-ups crossed (loss drop at steps 350-450). RL still masks
+observations. Only warm-up seed 0 has been measured: the crossing is stochastic.
 
 Departures from the paper: the warm-up itself (the paper has none; its models are pretrained).
 """
@@ -36,7 +38,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import random
 import shutil
 import time
