@@ -48,7 +48,11 @@ def build_prompt(question: str) -> str:
 
 def prompt_ids(tokenizer: Any, question: str) -> list[int]:
     """Token ids of the prompt through the tokenizer's chat template (a plain encode if it has none)."""
-    text = build_prompt(question)
+    return user_turn_ids(tokenizer, build_prompt(question))
+
+
+def user_turn_ids(tokenizer: Any, text: str) -> list[int]:
+    """`text` as one user turn through the chat template, ready for the assistant (plain encode without one)."""
     if getattr(tokenizer, "chat_template", None):
         ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                             tokenize=True, return_dict=False)

@@ -50,7 +50,8 @@ from tqdm.auto import tqdm
 
 from tg.config import Config, WarmupConfig
 from tg.policy import CHAT_TEMPLATE, build_tiny_policy, save_policy
-from tg.protocol import Step, Trajectory, build_prompt, format_observation, parse_action, prompt_ids
+from tg.protocol import (Step, Trajectory, build_prompt, format_observation, parse_action, prompt_ids,
+                         user_turn_ids)
 from tg.retrieval import Retriever, bm25_for
 from tg.world import MULTI, RELATIONS, SINGLE, WORLD_VERSION, World, ensure_world, load_world, resolve
 
@@ -90,9 +91,7 @@ _SAMPLE_ROW = {"relations": ["founder", "birthplace"], "hops": ["A", "B"], "chai
 
 def short_prompt_ids(tokenizer: Any, question: str) -> list[int]:
     """The chat-wrapped prompt without the instruction: only its last line, 'Question: ...?' (curriculum)."""
-    text = "Question:" + build_prompt(question).rsplit("Question:", 1)[1]
-    return list(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                              tokenize=True, return_dict=False))
+    return user_turn_ids(tokenizer, "Question:" + build_prompt(question).rsplit("Question:", 1)[1])
 
 
 def demonstration(question: dict, tokenizer: Any, retriever: Retriever, top_k: int,
