@@ -2,8 +2,9 @@
 
 Left: the paper (results/paper/table3_budget_em.csv, Qwen2.5-3b). Right: the tg miniature
 (results/mini/budget.csv: budget, method, M, N, L, seed, em_single, em_multi, ...), mean ± std over
-seeds at each seed's last evaluation step. Tree shapes that share (N, L) across budgets are joined
-by a line (the paper's (M, 2, 1) family); other shapes are single markers.
+seeds at each seed's last evaluation step; each hop's EM comes from runs trained in that setting from
+the moderate start. Tree shapes that share (N, L) across budgets are joined by a line (the paper's
+(M, 2, 1) family); other shapes are single markers.
 Writes figures/fig_table3_budget.png.
 """
 
@@ -30,6 +31,16 @@ def _kind(df: pd.DataFrame) -> pd.Series:
     return chain.map({True: "chain", False: "tree"})
 
 
+def _trained_for(mini: pd.DataFrame, hop: str) -> pd.DataFrame:
+    """`tg mini`'s rows (with `setting` and `regime` columns) trained in the hop's own setting, from the
+    moderate start (the hard start is drawn in fig_mini_budget.png), without the starting-policy rows;
+    files without those columns are used whole."""
+    if "setting" not in mini:
+        return mini
+    keep = (mini["setting"] == f"{hop}-hop") & (mini["regime"] == "moderate") & (mini["method"] != "start")
+    return mini[keep]
+
+
 def load(root: Path) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     """Tidy tables (budget, kind, M, N, L, hop, mean, std, count): the paper's, and ours or None."""
     paper = c.paper(root, "table3_budget_em").assign(kind=lambda d: _kind(d))
@@ -39,9 +50,9 @@ def load(root: Path) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     if mini is None:
         return paper, None
     mini = mini.assign(kind=_kind(mini))
-    ours = pd.concat([c.seed_stats(mini, KEYS, col).assign(hop=h) for h, (_, col) in HOPS.items()],
+    ours = pd.concat([c.seed_stats(_trained_for(mini, h), KEYS, col).assign(hop=h) for h, (_, col) in HOPS.items()],
                      ignore_index=True)
-    return paper, ours.assign(label=c.tg_label(mini))
+    return (paper, None) if ours.empty else (paper, ours.assign(label=c.tg_label(mini)))
 
 
 def _line(ax, df: pd.DataFrame, color: str, marker: str, label: str) -> None:
@@ -84,6 +95,9 @@ def draw(root: Path):
         a.set_ylabel("EM (x100)")
         if ours is not None:
             s = ours[ours["hop"] == hop]
+            if s.empty:
+                c.note(ax[f"t{hop}"], f"tg miniature: no {hop}-hop rows yet")
+                continue
             panel(ax[f"t{hop}"], s)
             seeds = f"{s['count'].min()}" if s["count"].nunique() == 1 else f"{s['count'].min()}-{s['count'].max()}"
             ax[f"t{hop}"].set_title(f"{s['label'].iloc[0]} miniature: {hop}-hop EM,\nmean ± std (band) over {seeds} seeds",

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from matplotlib.text import Text
@@ -66,7 +67,22 @@ def with_ours(tmp_path_factory) -> Path:
     shape = [dict(budget=b, method="chain GRPO (G=%d)" % b, M=b, N=0, L=0) for b in (2, 4)]
     shape += [dict(budget=4, method="Tree-GRPO (2,2,1) intra+inter", M=2, N=2, L=1),
               dict(budget=2, method="Tree-GRPO (1,2,1) intra+inter", M=1, N=2, L=1)]
-    pd.DataFrame(_rows(shape, 3, lambda cell, s: 10.0 + cell["N"] + s)).to_csv(mini / "budget.csv", index=False)
+    budget = [dict(c, setting=setting, regime=regime) for c in shape
+              for setting, regime in [("multi-hop", "moderate"), ("multi-hop", "hard"), ("single-hop", "moderate")]]
+    budget = pd.DataFrame(_rows(budget, 3, lambda cell, s: 10.0 + cell["N"] + s + (cell["regime"] == "hard")))
+    budget["method"] = np.where(budget["N"] > 0, "tree", "chain")
+    budget["calls_multi"], budget["calls_single"] = 2.0 + budget["N"] / 10, 1.0
+    start = budget[(budget["step"] == 60) & (budget["seed"] == 0) & (budget["M"] == 2) & (budget["N"] == 2)]
+    start = start.assign(method="start", step=0, em_multi=5.0, em_single=40.0)
+    pd.concat([budget, start]).to_csv(mini / "budget.csv", index=False)
+    ledger = [dict(regime=r, M=m, N=n, L=l, budget=m * (1 + l * n / 2), method="tree" if n else "chain", seed=s,
+                   step=0, trajectories_per_q=m * (1 + l * n), generated_per_traj=40 - 5 * n, calls_per_traj=2 - n / 4,
+                   preset="cpu", date="2025-12-01") for r in ("moderate", "hard") for m, n, l in [(4, 0, 0), (2, 2, 1)]
+              for s in range(3)]
+    pd.DataFrame(ledger).to_csv(mini / "ledger.csv", index=False)
+    pd.DataFrame([dict(cell="toy-tree", seed=s, step=0, p_win=0.1 * (s + 1), intra_err=1e-17, dpo_err=4e-16,
+                       ratio_err=0.0, grad_scale=2.0, git_sha="s", date="2025-12-01") for s in range(3)]
+                 ).to_csv(mini / "theory.csv", index=False)
     pd.DataFrame(_rows(shape, 2, lambda cell, s: 8.0 + s)).to_csv(mini / "shapes.csv", index=False)
     abl = [dict(budget=4, advantage=a, M=2, N=2, L=1) for a in ("chain", "intra", "inter", "intra+inter")]
     abl = pd.DataFrame(_rows(abl, 2, lambda cell, s: 12.0 + s))
@@ -201,3 +217,19 @@ def test_ours_demo_and_runs(with_ours):
 def test_tg_label_spans_dates():
     df = pd.DataFrame({"preset": ["cpu", "cpu"], "date": ["2025-12-02", "2025-12-01"]})
     assert c.tg_label(df) == "tg (cpu, 2025-12-01..2025-12-02)"
+
+
+def test_ours_mini_budget_curves_start_at_the_starting_policy(with_ours):
+    df = script("fig_mini_budget").load(with_ours)
+    hard_tree = df[(df["regime"] == "hard") & (df["method"] == "tree") & (df["setting"] == "multi-hop")]
+    assert sorted(hard_tree["step"].unique()) == [0, 60] and set(hard_tree["seed"]) == {0, 1, 2}
+    assert (hard_tree[hard_tree["step"] == 0]["em_multi"] == 5.0).all()
+    assert hard_tree[hard_tree["step"] == 60]["em_multi"].mean() == pytest.approx(14.0)  # 10 + N + mean seed + 1
+    fig = script("fig_mini_budget").draw(with_ours)
+    assert "36.8" in texts(fig)  # the paper's budget-4 tree, as text beside ours
+
+
+def test_ours_table3_uses_each_hops_own_setting(with_ours):
+    _, ours = script("fig_table3_budget").load(with_ours)
+    single = ours[(ours["hop"] == "single") & (ours["kind"] == "tree") & (ours["budget"] == 4)].iloc[0]
+    assert single["mean"] == pytest.approx(33.0) and single["count"] == 3  # em_single = em_multi + 20, moderate only
