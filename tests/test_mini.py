@@ -58,3 +58,28 @@ def test_declared_grids_and_regimes():
 def test_unknown_experiment_names_the_choices(tmp_path):
     with pytest.raises(ConfigError, match="budget"):
         mini.run_experiment("nope", root=tmp_path)
+
+
+def test_budget_summary_pairs_methods_by_seed():
+    import pandas as pd
+    rows = [dict(setting="multi-hop", regime="hard", method="start", seed=0, step=0, em_multi=4.0, em_single=40.0,
+                 calls_multi=1.5, calls_single=1.0)]
+    for seed in range(3):
+        for method, em in (("chain", 10.0 + seed), ("tree", 12.0 + 2 * seed)):
+            rows.append(dict(setting="multi-hop", regime="hard", method=method, seed=seed, step=60, em_multi=em,
+                             em_single=50.0, calls_multi=2.0, calls_single=1.0))
+    r = mini.budget_summary(pd.DataFrame(rows)).iloc[0]
+    assert (r.start_em, r.chain_em, r.tree_em, r.chain_n, r.tree_n) == (4.0, 11.0, 14.0, 3, 3)
+    assert r["diff"] == 3.0 and r.diff_se == pytest.approx(1 / 3 ** 0.5) and (r.tree_wins, r.pairs) == (3, 3)
+
+
+def test_ledger_summary_compares_each_tree_with_its_budgets_chain():
+    import pandas as pd
+    base = dict(regime="moderate", L=1, prefill_computed_per_q=1.0, tool_calls_per_q=1.0, seed=0)
+    df = pd.DataFrame([dict(base, M=4, N=0, L=0, budget=4.0, trajectories_per_q=4.0, generated_per_q=160.0,
+                            generated_per_traj=40.0, calls_per_traj=2.0, seconds_per_q=0.2),
+                       dict(base, M=2, N=2, budget=4.0, trajectories_per_q=6.0, generated_per_q=180.0,
+                            generated_per_traj=30.0, calls_per_traj=1.0, seconds_per_q=0.3)])
+    tree = mini.ledger_summary(df).set_index("N").loc[2]
+    assert (tree.traj_ratio, tree.tokens_per_traj_ratio, tree.calls_per_traj_ratio) == (1.5, 0.75, 0.5)
+    assert tree.seconds_per_q_ratio == pytest.approx(1.5)

@@ -12,7 +12,7 @@
     tg data prepare --setting single-hop|multi-hop --out DIR [--source HUB_ID|LOCAL_DIR]
     tg data corpus  --out DIR [--source HUB_ID|wiki-18.jsonl.gz] [--index]   wiki-18 (+ its BM25 index)
     tg retriever serve --corpus corpus.jsonl [--port 8000]
-    tg mini     list | run EXPERIMENT [--workers 2]   the paper's claims in miniature (results/mini/)
+    tg mini     list | run EXPERIMENT [--workers 2] | report [EXPERIMENT]   the claims in miniature (results/mini/)
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--host", default="127.0.0.1")
     r.add_argument("--port", type=int, default=8000)
     m = sub.add_parser("mini", help="the paper's claims in miniature: named grids -> results/mini/<name>.csv")
-    m.add_argument("action", choices=("list", "run"))
+    m.add_argument("action", choices=("list", "run", "report"))
     m.add_argument("experiment", nargs="?", help="budget, ledger, theory (see `tg mini list`)")
     m.add_argument("--workers", type=int, default=2, help="processes, one torch thread each (default 2 = 2 cores)")
     return ap
@@ -137,6 +137,9 @@ def _dispatch(args: argparse.Namespace) -> int:
             if not args.experiment:
                 raise ConfigError("tg mini run needs an EXPERIMENT name; see `tg mini list`")
             mini.run_experiment(args.experiment, workers=args.workers)
+        if args.action == "report":
+            for name in [args.experiment] if args.experiment else list(mini.experiments()):
+                print(f"\n## {name}\n\n{mini.report(name)}")
         return 0
     cfg = _config(args)
     print(cfg, flush=True)
