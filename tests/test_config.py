@@ -70,3 +70,12 @@ def test_save_load_round_trip_and_hash(tmp_path):
 def test_config_prints_as_a_table():
     text = str(load_config("cpu"))
     assert text.splitlines()[0].startswith("preset: cpu") and "[tree]" in text and "node_rule" in text
+
+
+def test_eval_points_every_k_steps_and_at_the_end():
+    from tg.config import OptimConfig
+    assert OptimConfig(steps=180, eval_every=60).eval_points() == [60, 120, 180]
+    assert OptimConfig(steps=50, eval_every=20).eval_points() == [20, 40, 50]
+    assert OptimConfig(steps=60).eval_points() == [60]
+    with pytest.raises(ConfigError, match="optim.eval_every"):
+        load_config("cpu", "optim.eval_every=-1")

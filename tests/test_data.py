@@ -113,3 +113,17 @@ def test_prepare_hub_unreachable_error(tmp_path: Path, monkeypatch: pytest.Monke
                 cache_dir=str(tmp_path / "hf"), progress=False)
     msg = str(err.value)
     assert "RUC-NLPIR/FlashRAG_datasets" in msg and "'nq'" in msg and "local directory" in msg
+
+
+def test_evaluation_takes_the_first_n_of_every_test_set():
+    """All 7 test sets reach the evaluation: eval.n_single / n_multi cap each data source, 0 = all."""
+    from tg.config import load_config
+    from tg.pipeline import Resources
+    test = [Question(f"{s}-{i}", "q", ("a",), s) for s in ("nq", "triviaqa", "popqa", "hotpotqa", "bamboogle")
+            for i in range(4)]
+    res = Resources(Path("."), [], test, None, "")
+    single, multi = res.test_sets(load_config("cpu", "eval.n_single=2", "eval.n_multi=3"))
+    assert [q.id for q in single] == ["nq-0", "nq-1", "triviaqa-0", "triviaqa-1", "popqa-0", "popqa-1"]
+    assert [q.id for q in multi] == ["hotpotqa-0", "hotpotqa-1", "hotpotqa-2", "bamboogle-0", "bamboogle-1", "bamboogle-2"]
+    single, multi = res.test_sets(load_config("paper-1.5b-multi-hop"))
+    assert len(single) == 12 and len(multi) == 8

@@ -73,10 +73,11 @@ def test_memory_estimate_of_the_paper_preset():
 def test_wall_time_by_hand():
     w = workload(load_config("paper-1.5b-multi-hop"))
     assert (w.prompts_per_step, w.chains_per_prompt, w.rows_per_prompt, w.frozen_passes) == (512, 4.0, 6, 2)
-    assert w.eval_questions == 7405                         # the multi-hop files hold no single-hop sets
+    # all four multi-hop test sets (7405 + 12576 + 2417 + 125; no single-hop sets), at steps 60, 120, 180
+    assert (w.eval_questions, w.evals) == (22523, 3)
     # rollout 512 * 4 * 400 / 8000 = 102.4 s; update 512 * 6 * 1500 * (1 + 2/3) / 6000 = 1280 s
     assert step_seconds(w, 8000, 6000) == pytest.approx(1382.4)
-    assert run_seconds(w, 8000, 6000) == pytest.approx(180 * 1382.4 + 7405 * 400 / 8000)
+    assert run_seconds(w, 8000, 6000) == pytest.approx(180 * 1382.4 + 3 * 22523 * 400 / 8000)
     one = Workload(steps=2, prompts_per_step=1, chains_per_prompt=1, rows_per_prompt=1, frozen_passes=0,
                    eval_questions=0, evals=0, gen_tokens_per_chain=10, row_tokens=20)
     assert run_seconds(one, 10, 20) == 2 * (1 + 1)

@@ -6,11 +6,11 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Sequence
 
 import torch
 
-from tg.config import Config
+from tg.config import Config, ConfigError
 from tg.data import Question
 from tg.engine import HFEngine
 from tg.evaluate import EvalResult, append_row, evaluate, result_row
@@ -67,6 +67,20 @@ def evaluate_model(model: Any, tokenizer: Any, res: Resources, cfg: Config, prog
                     progress=progress)
 
 
+def train_and_evaluate(run: Run, cfg: Config, points: Sequence[int], resume: bool,
+                       progress: bool = True) -> Iterator[tuple[int, list[dict], EvalResult]]:
+    """Train to each evaluation point in turn and evaluate there: yields (step, metrics so far, result).
+
+    The first segment resumes from the run's checkpoint if `resume`; later ones continue from the
+    checkpoint `fit` writes at every segment's end (the same state, so results equal one long run)."""
+    for i, p in enumerate(points):
+        metrics = run.trainer.fit(steps=p, resume=resume or i > 0, progress=progress)
+        if run.trainer.step_done != p:
+            raise ConfigError(f"the checkpoint in {run.trainer.run_dir} is at step {run.trainer.step_done}, past the "
+                              f"evaluation point {p}: delete that directory to rerun from the start")
+        yield p, metrics, evaluate_model(run.trainer.policy.model, run.tokenizer, run.resources, cfg, progress=progress)
+
+
 def default_run_dir(cfg: Config) -> Path:
     kind = "chain" if cfg.tree.is_chain else "tree"
     return resolve("runs") / f"{kind}-{cfg.hash()}"
@@ -89,12 +103,15 @@ def train(cfg: Config, run_dir: Path | None, resume: bool, preflight: bool = Tru
         print(format_report([longest, check_wall_time(cfg, tp)]), flush=True)
         if longest.failed:
             return None
-    metrics = run.trainer.fit(resume=resume)
-    result = evaluate_model(run.trainer.policy.model, run.tokenizer, run.resources, cfg)
-    row = result_row(result, cfg, method=method_name(cfg), model=cfg.model.name_or_path, seed=cfg.optim.seed,
-                     step=run.trainer.step_done)
-    append_row(resolve(RESULTS) / "runs.csv", row)
-    print(json.dumps({"final": metrics[-1] if metrics else {}, "eval": result.by_source()}, indent=1))
+    done = torch.load(run.trainer.checkpoint_path, weights_only=False)["step"] if resume and \
+        run.trainer.checkpoint_path.exists() else 0
+    points = [p for p in cfg.optim.eval_points() if p > done] or [cfg.optim.steps]
+    for step, metrics, result in train_and_evaluate(run, cfg, points, resume):
+        row = result_row(result, cfg, method=method_name(cfg), model=cfg.model.name_or_path, seed=cfg.optim.seed,
+                         step=step)
+        append_row(resolve(RESULTS) / "runs.csv", row)
+        print(json.dumps({"step": step, "train": metrics[-1] if metrics else {}, "eval": result.by_source()},
+                         indent=1), flush=True)
     return row
 
 

@@ -272,7 +272,13 @@ class OptimConfig:
     eval_every: int = 0
     """Steps between evaluations during training (0 = only at the end)."""
 
+    def eval_points(self) -> list[int]:
+        """The steps after which `tg train` evaluates: every eval_every steps, and at the end."""
+        return sorted({*range(self.eval_every, self.steps, self.eval_every), self.steps}) if self.eval_every else [self.steps]
+
     def validate(self) -> None:
+        _check(self.eval_every >= 0 and self.checkpoint_every >= 0, "optim.eval_every/checkpoint_every", ">= 0",
+               (self.eval_every, self.checkpoint_every))
         for n in ("steps", "prompts_per_step", "mini_batch_prompts", "micro_batch_rows"):
             _check(getattr(self, n) >= 1, f"optim.{n}", ">= 1", getattr(self, n))
         _check(self.prompts_per_step % self.mini_batch_prompts == 0, "optim.mini_batch_prompts",
@@ -295,9 +301,9 @@ class EvalConfig:
     """Evaluation: one greedy chain per question, pure EM (PAPER.md 4.6)."""
 
     n_single: int = 150
-    """Single-hop test questions evaluated (<= data.n_test_single)."""
+    """Test questions evaluated per single-hop data source (the first n of each; 0 = all)."""
     n_multi: int = 300
-    """Multi-hop test questions evaluated (<= data.n_test_multi)."""
+    """Test questions evaluated per multi-hop data source (the first n of each; 0 = all)."""
     batch_size: int = 64
     """Questions per batched rollout."""
 
@@ -403,8 +409,7 @@ def _paper_1_5b(setting: str) -> dict[str, Any]:
     return dict(
         model=ModelConfig(name_or_path="Qwen/Qwen2.5-1.5B", finetune="qlora", dtype="auto", lora_r=64,
                           lora_alpha=128, gradient_checkpointing=True),
-        data=DataConfig(source="files", setting=setting, data_dir=f"data/{setting}", retriever="http",
-                        n_test_single=3610, n_test_multi=7405),
+        data=DataConfig(source="files", setting=setting, data_dir=f"data/{setting}", retriever="http"),
         warmup=WarmupConfig(enabled=False),
         agent=AgentConfig(),
         tree=TreeConfig(M=2, N=2, L=1),
@@ -414,7 +419,7 @@ def _paper_1_5b(setting: str) -> dict[str, Any]:
         # sample (4,596 tokens) need ~20 GiB of activations, mostly the 151,936-wide logits (tg.estimate).
         optim=OptimConfig(steps=180, prompts_per_step=512, mini_batch_prompts=64, micro_batch_rows=2, lr=1e-5,
                           warmup_ratio=0.285, checkpoint_every=20, eval_every=60),
-        eval=EvalConfig(n_single=3610, n_multi=7405, batch_size=256),
+        eval=EvalConfig(n_single=0, n_multi=0, batch_size=256),  # every question of every test set (PAPER.md 4.1)
     )
 
 

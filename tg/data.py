@@ -28,6 +28,10 @@ SETTINGS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 """setting -> (training set, test sets), PAPER.md 4.1."""
 
+TEST_SIZES: dict[str, int] = {"nq": 3610, "triviaqa": 11313, "popqa": 14267, "hotpotqa": 7405,
+                              "2wikimultihopqa": 12576, "musique": 2417, "bamboogle": 125}
+"""Questions in each test set (PAPER.md 4.1), for estimates before the files exist."""
+
 TEST_SPLIT_ORDER = ("test", "dev", "train")
 """Split used as a dataset's test set: the first present (PAPER.md 4.1, as the official code)."""
 

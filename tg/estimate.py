@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from tg.config import Config
+from tg.data import SETTINGS, TEST_SIZES
 
 GIB = 2**30
 NF4_BYTES_PER_PARAM = 0.5 + 4 / 64
@@ -253,7 +254,12 @@ def workload(cfg: Config) -> Workload:
     o, t = cfg.optim, cfg.tree
     frozen = int(o.kl_beta > 0) + int(o.prompts_per_step // o.mini_batch_prompts > 1)
     e, d = cfg.eval, cfg.data
-    # prepared files hold one setting's test sets; the synthetic world holds both
-    n_eval = e.n_single + e.n_multi if d.source == "synthetic" else (e.n_single if d.setting == "single-hop" else e.n_multi)
+    # prepared files hold one setting's test sets (sizes: PAPER.md 4.1); the synthetic world holds both
+    if d.source == "synthetic":
+        n_eval = min(e.n_single or d.n_test_single, d.n_test_single) + min(e.n_multi or d.n_test_multi, d.n_test_multi)
+    else:
+        cap = e.n_single if d.setting == "single-hop" else e.n_multi
+        n_eval = sum(min(cap or n, n) for n in (TEST_SIZES[s] for s in SETTINGS[d.setting][1]))
+    evals = len(o.eval_points())
     return Workload(steps=o.steps, prompts_per_step=o.prompts_per_step, chains_per_prompt=t.chain_equivalent_budget,
-                    rows_per_prompt=t.group_size, frozen_passes=frozen, eval_questions=n_eval, evals=1)
+                    rows_per_prompt=t.group_size, frozen_passes=frozen, eval_questions=n_eval, evals=evals)

@@ -193,19 +193,11 @@ def run_job(job: Job, root: Path) -> Iterator[dict]:
         cols = _eval_columns(evaluate_model(model, tok, res, cfg, progress=False))
         yield {**_provenance(cfg, job.cell, job.seed, 0), **cols, "eval_s": round(time.perf_counter() - t0, 1)}
     else:
-        from tg.commands import build_run, evaluate_model
+        from tg.commands import build_run, train_and_evaluate
         run = build_run(cfg, root / "runs" / "mini" / job.experiment / f"{job.cell.name}-s{job.seed}".replace("/", "_"))
-        for p in job.points:
-            resume = run.trainer.checkpoint_path.exists()
-            metrics = run.trainer.fit(steps=p, resume=resume, progress=False)
-            if run.trainer.step_done != p:
-                raise RuntimeError(f"{job.cell.name} seed {job.seed}: checkpoint at step {run.trainer.step_done} is past "
-                                   f"evaluation point {p}; delete {run.trainer.run_dir} to rerun this cell")
-            t0 = time.perf_counter()
-            cols = _eval_columns(evaluate_model(run.trainer.policy.model, run.tokenizer, run.resources, cfg,
-                                                progress=False))
-            yield {**_provenance(cfg, job.cell, job.seed, p), **cols, **_training_columns(metrics),
-                   "eval_s": round(time.perf_counter() - t0, 1)}
+        for p, metrics, result in train_and_evaluate(run, cfg, job.points, run.trainer.checkpoint_path.exists(),
+                                                     progress=False):
+            yield {**_provenance(cfg, job.cell, job.seed, p), **_eval_columns(result), **_training_columns(metrics)}
 
 
 def ledger_columns(cfg: Config, n_questions: int = 16) -> dict:

@@ -7,6 +7,7 @@ retrieve over HTTP from a Search-R1 style server or with BM25 over a local corpu
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,10 +38,22 @@ class Resources:
                          max_turns=cfg.agent.max_turns)
 
     def test_sets(self, cfg: Config) -> tuple[list[Question], list[Question]]:
-        """(single-hop, multi-hop) test questions, truncated to eval.n_single / eval.n_multi."""
+        """(single-hop, multi-hop) test questions: the first eval.n_single (eval.n_multi) of each data
+        source, in file order; 0 = all of them."""
         single = [q for q in self.test if q.data_source in SINGLE_SOURCES]
         multi = [q for q in self.test if q.data_source not in SINGLE_SOURCES]
-        return single[: cfg.eval.n_single], multi[: cfg.eval.n_multi]
+        return per_source(single, cfg.eval.n_single), per_source(multi, cfg.eval.n_multi)
+
+
+def per_source(questions: list[Question], n: int) -> list[Question]:
+    """The first `n` questions of each data source, order kept (n = 0: all)."""
+    seen: Counter[str] = Counter()
+    out = []
+    for q in questions:
+        if n == 0 or seen[q.data_source] < n:
+            out.append(q)
+            seen[q.data_source] += 1
+    return out
 
 
 def _data_dir(cfg: Config) -> Path:
