@@ -22,6 +22,7 @@ import datetime as _dt
 import multiprocessing as mp
 import os
 import random
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -292,6 +293,7 @@ def run_experiment(name: str, workers: int = 2, root: str | Path | None = None,
         for p in procs:
             q_jobs.put(None)
             p.start()
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)  # `kill` stops the workers too (via finally)
         try:
             _collect((q_out.get() for _ in iter(int, 1)), path, bar, errors, n_jobs=len(jobs))
         finally:
@@ -303,6 +305,10 @@ def run_experiment(name: str, workers: int = 2, root: str | Path | None = None,
     for e in errors:
         print("  FAILED", e)
     return path
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(f"stopped by signal {signum}; rerun the same command to resume")
 
 
 def _inline(jobs: list[Job], root: Path) -> Iterator[tuple[str, Job, Any]]:
