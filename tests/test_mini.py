@@ -48,7 +48,7 @@ def test_declared_grids_and_regimes():
     for setting, regime in [("multi-hop", "moderate"), ("multi-hop", "hard"), ("single-hop", "moderate")]:
         for method in ("chain", "tree"):
             c = budget[f"{setting}/{regime}/{method}"]
-            assert len(c.seeds) >= (5 if setting == "multi-hop" else 3) and max(c.points) >= 60
+            assert len(c.seeds) >= (5 if regime == "hard" else 3) and max(c.points) >= 60
             assert set(mini.REGIMES[regime]) <= set(c.overrides)
     assert all(len(c.seeds) >= 3 for c in grids["ledger"])
     tree = mini.cell_config(budget["multi-hop/hard/tree"], 3)
