@@ -5,6 +5,7 @@ import csv
 import pytest
 
 from tg import mini
+from tg.budget import matched_chain_group
 from tg.config import ConfigError
 
 
@@ -51,6 +52,14 @@ def test_declared_grids_and_regimes():
             assert len(c.seeds) >= (5 if regime == "hard" else 3) and max(c.points) >= 60
             assert set(mini.REGIMES[regime]) <= set(c.overrides)
     assert all(len(c.seeds) >= 3 for c in grids["ledger"])
+    leaves = {mini.cell_config(c, 0).optim.advantage: set() for c in grids["ablation"] if c.kind == "train"}
+    for c in grids["ablation"]:
+        cfg = mini.cell_config(c, 0)
+        if c.kind == "train" and cfg.tree.N:
+            leaves[cfg.optim.advantage].add(1 + cfg.tree.N * cfg.tree.L)
+    assert leaves["intra"] == leaves["inter"] == leaves["intra+inter"] == {3, 7}   # Table 4's two tree sizes
+    trees = [mini.cell_config(c, 0).tree for c in grids["shapes"] if c.kind == "train"]
+    assert {matched_chain_group(t.M, t.N, t.L) for t in trees} == {4}                # Table 7's budget ≈4 block
     tree = mini.cell_config(budget["multi-hop/hard/tree"], 3)
     assert (tree.tree.M, tree.tree.N, tree.tree.L, tree.optim.seed, tree.warmup.early_stop_share) == (2, 2, 1, 3, 0.95)
 

@@ -36,7 +36,12 @@ from tg.config import Config, load_config
 REGIMES: dict[str, tuple[str, ...]] = {"moderate": (), "hard": ("warmup.early_stop_share=0.95",)}
 """Config overrides of each starting regime (the warm-up's difficulty knob)."""
 
-CHAIN4, TREE221 = ("tree.M=4", "tree.N=0", "tree.L=0"), ("tree.M=2", "tree.N=2", "tree.L=1")
+def tree_shape(M: int, N: int, L: int) -> tuple[str, ...]:
+    """Config overrides of the (M, N, L) tree; a chain of group G is (G, 0, 0)."""
+    return (f"tree.M={M}", f"tree.N={N}", f"tree.L={L}")
+
+
+CHAIN4, TREE221 = tree_shape(4, 0, 0), tree_shape(2, 2, 1)
 SEEDS5, SEEDS3 = (0, 1, 2, 3, 4), (0, 1, 2)
 POINTS = (30, 60)
 """Evaluation steps of every training cell (60 = the cpu preset's optim.steps)."""
@@ -61,9 +66,10 @@ class Cell:
 
 
 def _train_cells(regime: str, setting: str, shapes: dict[str, tuple[str, ...]], advantage: str = "intra+inter",
-                 seeds: tuple[int, ...] = SEEDS5) -> list[Cell]:
+                 seeds: tuple[int, ...] = SEEDS5, start: bool = True) -> list[Cell]:
+    """One training cell per named shape (and, with `start`, the starting policy's evaluation)."""
     base = REGIMES[regime] + (f"data.setting={setting}",)
-    cells = [Cell(f"{setting}/{regime}/start", "start", base, seeds=(0,), labels=dict(method="start"))]
+    cells = [Cell(f"{setting}/{regime}/start", "start", base, seeds=(0,), labels=dict(method="start"))] if start else []
     for method, shape in shapes.items():
         cells.append(Cell(f"{setting}/{regime}/{method}", "train", base + shape + (f"optim.advantage={advantage}",),
                           seeds=seeds, points=POINTS, labels=dict(method=method)))
@@ -72,17 +78,25 @@ def _train_cells(regime: str, setting: str, shapes: dict[str, tuple[str, ...]], 
 
 def experiments() -> dict[str, list[Cell]]:
     """The named grids. `budget`: claims 2 and 6 at the paper's budget 4 (chain G=4 vs tree (2,2,1)),
-    multi-hop in both regimes and single-hop; `ledger`: claim 1; `theory`: claim 7."""
+    multi-hop in both regimes and single-hop; `ledger`: claim 1; `theory`: claim 7; `ablation` (claim 4,
+    Table 4: intra / inter / both at 3 and 7 leaves per tree) and `shapes` (claim 5, Table 7 at budget 4)."""
     pair = {"chain": CHAIN4, "tree": TREE221}
     # 5 seeds for the hard multi-hop start (the open question), 3 elsewhere: at the measured 7.7 s (chain) and
     # 13.2 s (tree) per step with one thread, 5 seeds everywhere do not fit one session's CPU time
     budget = (_train_cells("moderate", "multi-hop", pair, seeds=SEEDS3) + _train_cells("hard", "multi-hop", pair)
               + _train_cells("moderate", "single-hop", pair, seeds=SEEDS3))
-    ledger = [Cell(f"{regime}/({m},{n},{l})", "ledger", REGIMES[regime] + (f"tree.M={m}", f"tree.N={n}", f"tree.L={l}"),
+    ledger = [Cell(f"{regime}/({m},{n},{l})", "ledger", REGIMES[regime] + tree_shape(m, n, l),
                    seeds=SEEDS3, labels=dict(method="chain" if n == 0 else "tree"))
               for regime in REGIMES for m, n, l in LEDGER_SHAPES]
     theory = [Cell("toy-tree", "theory", seeds=tuple(range(20)))]
-    return {"budget": budget, "ledger": ledger, "theory": theory}
+    # claims 4 and 5 (Tables 4 and 7) from the hard start: about 5 and 4 hours on 2 cores
+    ablation = _train_cells("hard", "multi-hop", {"chain": CHAIN4, "chain-8": tree_shape(8, 0, 0)})
+    for adv in ("intra", "inter", "intra+inter"):
+        ablation += _train_cells("hard", "multi-hop", {f"{adv} (2,2,1)": TREE221, f"{adv} (2,6,1)": tree_shape(2, 6, 1)},
+                                 advantage=adv, start=False)
+    shapes = _train_cells("hard", "multi-hop", {f"({m},{n},{l})": tree_shape(m, n, l)
+                                                for m, n, l in [(4, 0, 0), (2, 2, 1), (2, 1, 2), (1, 5, 1)]})
+    return {"budget": budget, "ledger": ledger, "theory": theory, "ablation": ablation, "shapes": shapes}
 
 
 def describe(name: str | None = None) -> str:
@@ -93,7 +107,7 @@ def describe(name: str | None = None) -> str:
         lines.append(f"[{exp}]")
         for c in grids[exp]:
             pts = ",".join(map(str, c.points)) if c.kind == "train" else "-"
-            lines.append(f"  {c.name:<32}{c.kind:<7} seeds {len(c.seeds):>2}  steps {pts:<6} {' '.join(c.overrides)}")
+            lines.append(f"  {c.name:<36}{c.kind:<7} seeds {len(c.seeds):>2}  steps {pts:<6} {' '.join(c.overrides)}")
     return "\n".join(lines)
 
 
