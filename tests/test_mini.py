@@ -69,7 +69,7 @@ def test_unknown_experiment_names_the_choices(tmp_path):
         mini.run_experiment("nope", root=tmp_path)
 
 
-def test_budget_summary_pairs_methods_by_seed():
+def test_budget_summary_pairs_methods_by_seed(tmp_path):
     import pandas as pd
     rows = [dict(setting="multi-hop", regime="hard", method="start", seed=0, step=0, em_multi=4.0, em_single=40.0,
                  calls_multi=1.5, calls_single=1.0)]
@@ -77,6 +77,10 @@ def test_budget_summary_pairs_methods_by_seed():
         for method, em in (("chain", 10.0 + seed), ("tree", 12.0 + 2 * seed)):
             rows.append(dict(setting="multi-hop", regime="hard", method=method, seed=seed, step=60, em_multi=em,
                              em_single=50.0, calls_multi=2.0, calls_single=1.0))
+    (tmp_path / "results" / "mini").mkdir(parents=True)
+    pd.DataFrame(rows).to_csv(tmp_path / "results" / "mini" / "budget.csv", index=False)
+    table = mini.report("budget", tmp_path)
+    assert "| multi-hop | hard | 60 | 4.0 | 11.0 ± 1.0 (3) | 14.0 ± 2.0 (3) | +3.0 ± 0.6 | 3/3 | 2.00, 2.00 |" in table
     r = mini.budget_summary(pd.DataFrame(rows)).iloc[0]
     assert (r.start_em, r.chain_em, r.tree_em, r.chain_n, r.tree_n) == (4.0, 11.0, 14.0, 3, 3)
     assert r["diff"] == 3.0 and r.diff_se == pytest.approx(1 / 3 ** 0.5) and (r.tree_wins, r.pairs) == (3, 3)

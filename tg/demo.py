@@ -8,7 +8,6 @@ figures/demo_chain_vs_tree.png and rows to results/demo.csv. Whatever it shows i
 from __future__ import annotations
 
 import json
-import random
 import time
 from pathlib import Path
 from typing import Any
@@ -17,13 +16,11 @@ import numpy as np
 
 from tg.commands import build_run, evaluate_model, method_name
 from tg.config import Config
-from tg.engine import HFEngine, Sampling
+from tg.engine import HFEngine
 from tg.evaluate import EvalResult, append_row, result_row
 from tg.pipeline import Resources, load_resources
 from tg.policy import load_policy
-from tg.protocol import prompt_ids
-from tg.trainer import leaf_rewards
-from tg.tree import sample_trees
+from tg.trainer import leaf_rewards, sample_batch
 from tg.world import resolve
 
 PAIR = {"chain GRPO, G=4": dict(M=4, N=0, L=0), "Tree-GRPO (2,2,1)": dict(M=2, N=2, L=1)}
@@ -39,10 +36,8 @@ def chain_batch(model: Any, tok: Any, res: Resources, cfg: Config, n_questions: 
     one line per chain: its searches, its answer and its reward (the GRPO baseline's rollout)."""
     questions = res.test_sets(cfg)[1][:n_questions]
     a = cfg.agent
-    trees, _ = sample_trees(HFEngine(model, tok), res.env(tok, cfg), [prompt_ids(tok, q.question) for q in questions],
-                            M=group, N=0, L=0, sampling=Sampling(a.temperature, a.top_p, cfg.optim.seed),
-                            rng=random.Random(cfg.optim.seed), max_step_tokens=a.max_step_tokens,
-                            max_context_tokens=a.max_context_tokens)
+    trees, _ = sample_batch(HFEngine(model, tok), res.env(tok, cfg), tok, questions,
+                            cfg.replace(tree=dict(M=group, N=0, L=0)), cfg.optim.seed)
     flat = [t for ts in trees for t in ts]
     leaf_rewards(flat, [q.golden_answers for q in questions], a.reward, a.format_penalty)
     lines = []

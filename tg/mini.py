@@ -21,7 +21,6 @@ import csv
 import datetime as _dt
 import multiprocessing as mp
 import os
-import random
 import signal
 import time
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from tg.config import Config, load_config
 
 REGIMES: dict[str, tuple[str, ...]] = {"moderate": (), "hard": ("warmup.early_stop_share=0.95",)}
 """Config overrides of each starting regime (the warm-up's difficulty knob)."""
+
 
 def tree_shape(M: int, N: int, L: int) -> tuple[str, ...]:
     """Config overrides of the (M, N, L) tree; a chain of group G is (G, 0, 0)."""
@@ -164,7 +164,7 @@ def _provenance(cfg: Config, cell: Cell, seed: int, step: int) -> dict:
     t = cfg.tree
     regime = next((r for r, o in REGIMES.items() if o and set(o) <= set(cell.overrides)), "moderate")
     return {"cell": cell.name, "seed": seed, "step": step, "regime": regime, "setting": cfg.data.setting,
-            **cell.labels, "M": t.M, "N": t.N, "L": t.L, "budget": t.M * (1 + t.L * t.N / 2),
+            **cell.labels, "M": t.M, "N": t.N, "L": t.L, "budget": t.chain_equivalent_budget,
             "advantage": "chain" if t.is_chain else cfg.optim.advantage, "preset": cfg.preset,
             "config_hash": cfg.hash(), "git_sha": git_sha(), "date": _dt.date.today().isoformat()}
 
@@ -222,19 +222,15 @@ def ledger_columns(cfg: Config, n_questions: int = 16) -> dict:
     first `n_questions` training questions of the setting; the budget ledger per question and per trajectory."""
     from tg.budget import Ledger, ledgers
     from tg.commands import _setting_of
-    from tg.engine import HFEngine, Sampling
+    from tg.engine import HFEngine
     from tg.pipeline import load_resources
     from tg.policy import load_policy
-    from tg.protocol import prompt_ids
-    from tg.tree import sample_trees
+    from tg.trainer import rollout_seed, sample_batch
     res = load_resources(cfg)
     model, tok = load_policy(res.policy_path)
     questions = [q for q in res.train if _setting_of(q) == cfg.data.setting][:n_questions]
-    t, a, seed = cfg.tree, cfg.agent, cfg.optim.seed * 1_000_003
-    trees, stats = sample_trees(HFEngine(model, tok), res.env(tok, cfg), [prompt_ids(tok, q.question) for q in questions],
-                                M=t.M, N=t.N, L=t.L, node_rule=t.node_rule, rng=random.Random(seed),
-                                sampling=Sampling(a.temperature, a.top_p, seed), max_step_tokens=a.max_step_tokens,
-                                max_context_tokens=a.max_context_tokens)
+    trees, stats = sample_batch(HFEngine(model, tok, prefix_reuse=cfg.tree.prefix_reuse), res.env(tok, cfg), tok,
+                                questions, cfg, rollout_seed(cfg.optim.seed, 0))
     total = Ledger.total(ledgers(trees, stats))
     return {**{f"{k}_per_q": round(v, 2) for k, v in total.per(len(questions)).items()},
             "generated_per_traj": round(total.generated / total.trajectories, 2),
@@ -404,28 +400,41 @@ def ledger_summary(df: pd.DataFrame) -> pd.DataFrame:
     return g
 
 
+def cell_summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Any training grid: multi-hop EM (mean, sd, seeds) and searches per multi-hop question per (cell, step)."""
+    runs = df[df["step"] > 0]
+    return runs.groupby(["cell", "step"], sort=False).agg(
+        em=("em_multi", "mean"), sd=("em_multi", "std"), n=("seed", "nunique"), calls=("calls_multi", "mean")).reset_index()
+
+
+def _markdown(header: list[str], rows: list[list[str]]) -> str:
+    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+                     + ["| " + " | ".join(r) + " |" for r in rows])
+
+
 def report(name: str, root: str | Path | None = None) -> str:
     """A markdown table of an experiment's results (what results/mini/README.md quotes)."""
     df = load_rows(name, root)
-    if name == "budget":
-        s = budget_summary(df)
-        lines = ["| setting | start | step | start EM | chain EM (mean ± sd, n) | tree EM (mean ± sd, n) | tree - chain "
-                 "(paired, ± se) | tree wins | searches/q chain, tree |", "|---|---|---|---|---|---|---|---|---|"]
-        for _, r in s.iterrows():
-            lines.append(f"| {r.setting} | {r.regime} | {r.step} | {r.start_em:.1f} | {r.chain_em:.1f} ± {r.chain_sd:.1f} "
-                         f"({r.chain_n}) | {r.tree_em:.1f} ± {r.tree_sd:.1f} ({r.tree_n}) | {r['diff']:+.1f} ± "
-                         f"{r.diff_se:.1f} | {r.tree_wins}/{r.pairs} | {r.chain_calls:.2f}, {r.tree_calls:.2f} |")
-        return "\n".join(lines)
+    if name == "theory":
+        worst = df[["intra_err", "dpo_err", "ratio_err"]].max()
+        return (f"{len(df)} random toy trees, p(win) {df.p_win.min():.3f}..{df.p_win.max():.3f}: largest |difference| "
+                f"intra {worst.intra_err:.1e}, DPO {worst.dpo_err:.1e}, ratio {worst.ratio_err:.1e} "
+                f"(gradient norms {df.grad_scale.min():.2f}..{df.grad_scale.max():.2f})")
     if name == "ledger":
-        s = ledger_summary(df)
-        lines = ["| start | (M,N,L) | budget | trajectories/q | generated/traj | searches/traj | x trajectories | "
-                 "x tokens/traj | x searches/traj | x wall/q |", "|---|---|---|---|---|---|---|---|---|---|"]
-        for _, r in s.iterrows():
-            lines.append(f"| {r.regime} | ({r.M},{r.N},{r.L}) | {r.budget:g} | {r.trajectories_per_q:.1f} | "
-                         f"{r.generated_per_traj:.1f} | {r.calls_per_traj:.2f} | {r.traj_ratio:.2f} | "
-                         f"{r.tokens_per_traj_ratio:.2f} | {r.calls_per_traj_ratio:.2f} | {r.seconds_per_q_ratio:.2f} |")
-        return "\n".join(lines)
-    worst = df[["intra_err", "dpo_err", "ratio_err"]].max()
-    return (f"{len(df)} random toy trees, p(win) {df.p_win.min():.3f}..{df.p_win.max():.3f}: largest |difference| "
-            f"intra {worst.intra_err:.1e}, DPO {worst.dpo_err:.1e}, ratio {worst.ratio_err:.1e} "
-            f"(gradient norms {df.grad_scale.min():.2f}..{df.grad_scale.max():.2f})")
+        return _markdown(["start", "(M,N,L)", "budget", "trajectories/q", "generated/traj", "searches/traj",
+                          "x trajectories", "x generated/traj", "x searches/traj"],
+                         [[r.regime, f"({r.M},{r.N},{r.L})", f"{r.budget:g}", f"{r.trajectories_per_q:.1f}",
+                           f"{r.generated_per_traj:.1f}", f"{r.calls_per_traj:.2f}", f"{r.traj_ratio:.2f}",
+                           f"{r.tokens_per_traj_ratio:.2f}", f"{r.calls_per_traj_ratio:.2f}"]
+                          for r in ledger_summary(df).itertuples()])
+    if name == "budget":
+        return _markdown(["setting", "start", "step", "start EM", "chain EM (mean ± sd, n)", "tree EM (mean ± sd, n)",
+                          "tree - chain (paired, ± se)", "tree wins", "searches/q chain, tree"],
+                         [[r.setting, r.regime, str(r.step), f"{r.start_em:.1f}",
+                           f"{r.chain_em:.1f} ± {r.chain_sd:.1f} ({r.chain_n:.0f})",
+                           f"{r.tree_em:.1f} ± {r.tree_sd:.1f} ({r.tree_n:.0f})", f"{r.diff:+.1f} ± {r.diff_se:.1f}",
+                           f"{r.tree_wins:.0f}/{r.pairs:.0f}", f"{r.chain_calls:.2f}, {r.tree_calls:.2f}"]
+                          for r in budget_summary(df).itertuples()])
+    return _markdown(["cell", "step", "multi-hop EM (mean ± sd)", "seeds", "searches / multi-hop q"],
+                     [[r.cell, str(r.step), f"{r.em:.1f} ± {r.sd:.1f}", str(r.n), f"{r.calls:.2f}"]
+                      for r in cell_summary(df).itertuples()])

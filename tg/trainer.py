@@ -44,7 +44,7 @@ from tg.loss import entropy_from_logits, grpo_loss, token_logprobs
 from tg.data import Question
 from tg.protocol import prompt_ids
 from tg.reward import answer_score, is_valid_format, reward
-from tg.tree import Tree, sample_trees
+from tg.tree import RolloutStats, Tree, sample_trees
 
 METRICS: dict[str, str] = {
     "step": "training step (1-based)",
@@ -116,6 +116,20 @@ def leaf_rewards(trees: Sequence[Tree], golds: Sequence[Sequence[str]], mode: st
     return out
 
 
+def rollout_seed(seed: int, step: int) -> int:
+    """The seed of step `step`'s rollout (sampling and node choice) in a run seeded `seed`."""
+    return seed * 1_000_003 + step
+
+
+def sample_batch(engine: Engine, env: SearchEnv, tokenizer: Any, questions: Sequence[Question], cfg: Config,
+                 seed: int) -> tuple[list[list[Tree]], RolloutStats]:
+    """The training rollout: cfg.tree's (M, N, L) trees per question at the agent's temperature and top-p."""
+    t, a = cfg.tree, cfg.agent
+    return sample_trees(engine, env, [prompt_ids(tokenizer, q.question) for q in questions], M=t.M, N=t.N, L=t.L,
+                        node_rule=t.node_rule, rng=random.Random(seed), sampling=Sampling(a.temperature, a.top_p, seed),
+                        max_step_tokens=a.max_step_tokens, max_context_tokens=a.max_context_tokens)
+
+
 def _zero_std_share(values: Sequence[float], groups: Sequence[int]) -> float:
     by: dict[int, set[float]] = {}
     for v, g in zip(values, groups):
@@ -162,14 +176,9 @@ class Trainer:
 
     # ---- rollout ---------------------------------------------------------------------------------
     def rollout(self, questions: Sequence[Question], step: int) -> tuple[list[list[Tree]], list[Ledger]]:
-        t, a = self.cfg.tree, self.cfg.agent
         self.policy.model.eval()
-        seed = self.cfg.optim.seed * 1_000_003 + step
-        trees, stats = sample_trees(
-            self.engine, self.env, [prompt_ids(self.tokenizer, q.question) for q in questions],
-            M=t.M, N=t.N, L=t.L, node_rule=t.node_rule, rng=random.Random(seed),
-            sampling=Sampling(a.temperature, a.top_p, seed), max_step_tokens=a.max_step_tokens,
-            max_context_tokens=a.max_context_tokens)
+        trees, stats = sample_batch(self.engine, self.env, self.tokenizer, questions, self.cfg,
+                                    rollout_seed(self.cfg.optim.seed, step))
         return trees, ledgers(trees, stats)
 
     # ---- log-probs and the update ----------------------------------------------------------------
