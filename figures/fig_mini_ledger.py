@@ -49,12 +49,12 @@ def draw(root: Path):
             a.errorbar(d["budget"], d[f"{value}_mean"], yerr=d[f"{value}_std"].fillna(0), ls="none", capsize=2,
                        marker="o" if method == "chain" else "s", mfc=face, color=color, ms=6,
                        label=f"{method}, {regime} start")
-        for _, r in df[(df["method"] == "tree") & (df["regime"] == "moderate")].iterrows():
+        labelled = df[(df["method"] == "tree") & (df["regime"] == "moderate")] if a is not ax[0] else df.iloc[:0]
+        for _, r in labelled.iterrows():  # shape labels, except where the first panel's points coincide
             a.annotate(c.shape(r["M"], r["N"], r["L"]), (r["budget"], r[f"{value}_mean"]), fontsize=6,
                        xytext=(4, 2), textcoords="offset points")
         a.set_xscale("log", base=2)
-        budgets = sorted(df["budget"].unique())
-        a.set_xticks(budgets, [f"{b:g}" for b in budgets], fontsize=7)
+        a.set_xticks([2, 4, 8, 16], ["2", "4", "8", "16"], fontsize=7)  # (6,3,1) and (4,5,1) sit at 15 and 14
         a.minorticks_off()
         a.set_xlabel("chain-equivalent budget M (1 + L N / 2)")
         a.set_title(title, fontsize=9)
