@@ -89,7 +89,7 @@ def experiments() -> dict[str, list[Cell]]:
                    seeds=SEEDS3, labels=dict(method="chain" if n == 0 else "tree"))
               for regime in REGIMES for m, n, l in LEDGER_SHAPES]
     theory = [Cell("toy-tree", "theory", seeds=tuple(range(20)))]
-    # claims 4 and 5 (Tables 4 and 7) from the hard start: about 5 and 4 hours on 2 cores
+    # claims 4 and 5 (Tables 4 and 7) from the hard start: about 7 and 2-3 hours on 2 cores
     ablation = _train_cells("hard", "multi-hop", {"chain": CHAIN4, "chain-8": tree_shape(8, 0, 0)})
     for adv in ("intra", "inter", "intra+inter"):
         ablation += _train_cells("hard", "multi-hop", {f"{adv} (2,2,1)": TREE221, f"{adv} (2,6,1)": tree_shape(2, 6, 1)},
