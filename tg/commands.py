@@ -87,8 +87,9 @@ def default_run_dir(cfg: Config) -> Path:
 
 
 def train(cfg: Config, run_dir: Path | None, resume: bool, preflight: bool = True) -> dict | None:
-    """Pre-flight (not for the tiny model), train, evaluate at the end, append a Table-1-shaped row to
-    results/runs.csv. Returns None, having printed the failing checks, when the pre-flight fails."""
+    """Pre-flight (not for the tiny model), train, evaluate every optim.eval_every steps and at the end, and
+    append one Table-1-shaped row per evaluation to results/runs.csv. Returns the last row, or None,
+    having printed the failing checks, when the pre-flight fails."""
     from tg.preflight import check_longest_sample, check_wall_time, format_report, static_checks
     checked, shape = preflight and cfg.model.name_or_path != "tiny", None
     if checked:
