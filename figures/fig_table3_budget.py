@@ -58,6 +58,9 @@ def load(root: Path) -> tuple[pd.DataFrame, pd.DataFrame | None]:
 def _line(ax, df: pd.DataFrame, color: str, marker: str, label: str) -> None:
     """Means joined by a line, ± std over seeds as a band (bands overlap more readably than bars)."""
     df = df.sort_values("budget")
+    if len(df) == 1:  # one budget: a band has no width, so an error bar
+        ax.errorbar(df["budget"], df["mean"], yerr=df["std"], marker=marker, color=color, capsize=3, label=label)
+        return
     ax.plot(df["budget"], df["mean"], marker=marker, color=color, label=label)
     ax.fill_between(df["budget"], df["mean"] - df["std"], df["mean"] + df["std"], color=color, alpha=0.15, lw=0)
 
@@ -79,6 +82,7 @@ def panel(ax, df: pd.DataFrame) -> None:
                     label=f"tree {c.shape(r['M'], n, l)}")
     budgets = sorted(df["budget"].unique())
     ax.set_xscale("log", base=2)
+    ax.set_xlim(budgets[0] / 1.6, budgets[-1] * 1.6)
     ax.set_xticks(budgets, [f"≈{b:g}" for b in budgets])
     ax.minorticks_off()
     ax.grid(alpha=0.3)
