@@ -3,9 +3,9 @@
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import DynamicCache, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from tg.engine import HFEngine, Sampling, StopChecker
+from tg.engine import GrowingCache, HFEngine, Sampling, StopChecker
 from tg.protocol import STOP_STRINGS
 
 
@@ -39,6 +39,26 @@ def _full_logprobs(model, context, ids):
     with torch.no_grad():
         logp = torch.log_softmax(model(x).logits[0].float(), -1)
     return [logp[len(context) - 1 + i, t].item() for i, t in enumerate(ids)]
+
+
+def test_growing_cache_equals_dynamic_cache(model):
+    """Prefill, row selection with repeats, decode past the buffer's capacity, a parent method that
+    replaces the keys (batch_repeat_interleave): the logits equal DynamicCache's, bit for bit."""
+    g = torch.Generator().manual_seed(1)
+    caches = [DynamicCache(), GrowingCache()]
+    outs = [[], []]
+    with torch.no_grad():
+        for cache, out in zip(caches, outs):
+            out.append(model(input_ids=torch.randint(0, 300, (3, 20), generator=g.manual_seed(1)),
+                             past_key_values=cache, use_cache=True).logits)
+            cache.batch_select_indices(torch.tensor([0, 2, 2]))
+            cache.batch_repeat_interleave(2)
+            x = torch.randint(0, 300, (6, 1), generator=g.manual_seed(2))
+            for _ in range(70):  # 20 + 70 > the first buffer's 64 columns: it grows
+                out.append(model(input_ids=x, past_key_values=cache, use_cache=True).logits)
+                x = out[-1][:, -1].argmax(-1, keepdim=True)
+    assert caches[1].get_seq_length() == caches[0].get_seq_length() == 90
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
 
 
 @pytest.mark.parametrize("reuse", [True, False])

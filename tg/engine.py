@@ -18,6 +18,7 @@ from typing import Any, Protocol, Sequence
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import Cache, DynamicLayer
 
 from tg.protocol import STOP_STRINGS
 
@@ -126,12 +127,65 @@ def sample_next(logits: torch.Tensor, sampling: Sampling, generator: torch.Gener
 
 
 # ---------------------------------------------------------------------------------------------
-# The transformers engine: a ragged decode loop over one DynamicCache
+# The transformers engine: a ragged decode loop over one growing cache
 # ---------------------------------------------------------------------------------------------
+class GrowingLayer(DynamicLayer):
+    """A `DynamicLayer` that appends into buffers with spare capacity (doubled when full) instead of
+    re-concatenating the whole cache at every step; `keys`/`values` are views of their first T columns.
+
+    `DynamicLayer.update` copies the cache with `torch.cat` per layer per decoded token: at batch 128 with
+    450 cached tokens that copy was 58% of a forward on CPU. The values are the same; only the copies go.
+    """
+
+    _buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            self._buffers = None
+        length, n = self.get_seq_length(), key_states.shape[-2]
+        if not self._holds_keys() or self._buffers[0].shape[-2] < length + n:
+            shape = (*key_states.shape[:2], max(64, 2 * (length + n)), key_states.shape[-1])
+            grown = (key_states.new_empty(shape), value_states.new_empty(shape))
+            if length:
+                grown[0][:, :, :length], grown[1][:, :, :length] = self.keys, self.values
+            self._buffers = grown
+        self._buffers[0][:, :, length:length + n] = key_states
+        self._buffers[1][:, :, length:length + n] = value_states
+        self._view(length + n)
+        return self.keys, self.values
+
+    def _holds_keys(self) -> bool:
+        """Whether `keys` is still the view of the buffers (a parent method may have replaced it)."""
+        b = self._buffers
+        return b is not None and b[0].shape[0] == self.keys.shape[0] and (
+            self.keys.numel() == 0 or self.keys.data_ptr() == b[0].data_ptr())
+
+    def _view(self, length: int) -> None:
+        self.keys, self.values = self._buffers[0][:, :, :length], self._buffers[1][:, :, :length]
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep (or repeat) batch rows, spare capacity included."""
+        if self.get_seq_length() > 0 and self._holds_keys():
+            length = self.get_seq_length()
+            self._buffers = (self._buffers[0][indices], self._buffers[1][indices])
+            self._view(length)
+        else:
+            super().batch_select_indices(indices)
+
+
+class GrowingCache(DynamicCache):
+    """A `DynamicCache` of `GrowingLayer`s (the HF engine's cache)."""
+
+    def __init__(self) -> None:
+        Cache.__init__(self, layer_class_to_replicate=GrowingLayer)
+
+
 class HFEngine:
     """Batched step generation with transformers, prefix-KV reuse and live multi-turn caches.
 
-    One `DynamicCache` holds every row. Rows are ragged: each forward feeds each row a block of
+    One `GrowingCache` holds every row. Rows are ragged: each forward feeds each row a block of
     its pending tokens (right-padded, padding masked out), with explicit position ids, so holes in
     the cache are harmless. A row always keeps >= 1 pending (uncached) token, so the cache never
     covers every input id (the silent-wrong-logits trap of `generate`, NOTES.md).
@@ -169,7 +223,7 @@ class HFBatch:
         self.generator = torch.Generator(device="cpu").manual_seed(sampling.seed)
         self.stats = PrefillStats()
         self.row_stats: list[PrefillStats] = []
-        self.cache = DynamicCache()
+        self.cache = GrowingCache()
         self.attn = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # [B, T_cache]
         self.pos: list[int] = []          # next position id per internal row
         self.pending: list[list[int]] = []  # tokens not yet in the cache per internal row
