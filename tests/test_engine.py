@@ -5,7 +5,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import DynamicCache, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from tg.engine import GrowingCache, HFEngine, Sampling, StopChecker
+from tg.engine import GrowingCache, HFEngine, PrefixStore, Sampling, StopChecker
 from tg.protocol import STOP_STRINGS
 
 
@@ -91,6 +91,35 @@ def test_reuse_saves_prefill_and_keeps_tokens(model, tokenizer):
     on, off = res[True][1], res[False][1]
     assert on.saved == 3 * 49 + 1 * 19 and off.saved == 0
     assert off.computed == on.computed + on.saved
+
+
+def test_prefix_store_continues_kept_rows_exactly(model, tokenizer):
+    """A later batch starts from the cache of released rows (a tree expansion): contexts that extend a
+    kept row, branch inside it, or share only part of it; logits equal a full recomputation, and the
+    kept tokens count as saved, not computed."""
+    store = PrefixStore()
+    engine = HFEngine(model, tokenizer)
+    seed = [list(range(10, 40)), list(range(50, 62))]
+    first = engine.open(seed, [1, 1], Sampling(seed=2), store)
+    steps = first.generate([0, 1], [6, 6])
+    first.append([0, 1], [[100, 101, 102], [120]])
+    more = first.generate([0, 1], [4, 4])
+    first.release([0, 1])
+    full = [seed[r] + steps[r].ids + obs + more[r].ids[:-1] for r, obs in enumerate([[100, 101, 102], [120]])]
+    assert store.ids == full  # the cached tokens: all but each row's last sampled token (still pending)
+    contexts = [full[0][:33],                   # a branch inside row 0's first step
+                full[0] + [more[0].ids[-1]],    # the whole row, its pending token included
+                full[1][:12] + [7, 8, 9],       # shares row 1's first 12 tokens only
+                [200, 201, 202]]                # shares nothing
+    second = engine.open(contexts, [2, 1, 1, 1], Sampling(seed=3), store)
+    outs = second.generate(range(5), [5] * 5)
+    for out, c in zip(outs, [0, 0, 1, 2, 3]):
+        assert out.logprobs == pytest.approx(_full_logprobs(model, contexts[c], out.ids), abs=1e-5)
+    saved = [s.saved for s in second.row_stats]
+    assert saved == [32, 32, len(full[0]), 12, 0]
+    assert [s.computed + s.saved for s in second.row_stats] == [33, 33, len(contexts[1]), 15, 3]
+    off = HFEngine(model, tokenizer, prefix_reuse=False).open(contexts, [2, 1, 1, 1], Sampling(seed=3), store)
+    assert off.stats.saved == 0 and off.prefixes is None  # reuse off: the store is ignored
 
 
 def test_multi_token_stop_strings_end_at_the_completing_token(tokenizer):

@@ -9,6 +9,10 @@ An engine turns contexts (token ids) into *rows* and generates one agent step pe
 
 Token ids are returned exactly as sampled. `batch.stats` counts prefill tokens actually computed
 and prefill tokens saved by reuse (a context shared by k rows is prefilled once: k-1 saved).
+
+`open(..., prefixes=store)` (a `PrefixStore`, scoped to one rollout) keeps the rows a batch releases
+and lets a later batch start a context from the cache of a kept row it extends (tree expansion: a
+branch's context is a prefix of the chain it branches from) instead of prefilling it.
 """
 
 from __future__ import annotations
@@ -56,6 +60,40 @@ class PrefillStats:
     """Tokens sampled."""
 
 
+@dataclass
+class PrefixStore:
+    """Finished rows of earlier batches of one rollout: their cached token ids and K/V, so that a later
+    batch prefills only what a context adds to the longest cached prefix it shares (HF engine; vLLM's
+    prefix cache does the same by itself). Scoped to one rollout: the K/V belong to the weights that
+    computed them, so a store must not outlive an optimiser step.
+    """
+
+    ids: list[list[int]] = field(default_factory=list)
+    kv: list[list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=list)
+    """Per kept row, per layer: keys and values (heads, len(ids), head_dim)."""
+
+    def add(self, ids: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.ids.append(ids)
+        self.kv.append(kv)
+
+    def longest(self, context: Sequence[int]) -> tuple[int, int]:
+        """(kept row, length) of the longest cached prefix of `context` (length 0: none)."""
+        best, length = -1, 0
+        for r, ids in enumerate(self.ids):
+            n = min(len(ids), len(context))
+            if n <= length:
+                continue
+            if ids[:n] != list(context[:n]):  # the common prefix: bisect on list equality (C speed)
+                lo, hi = 0, n
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    lo, hi = (mid, hi) if ids[:mid] == list(context[:mid]) else (lo, mid - 1)
+                n = lo
+            if n > length:
+                best, length = r, n
+        return best, length
+
+
 class EngineBatch(Protocol):
     stats: PrefillStats
     """Totals of the batch."""
@@ -70,7 +108,8 @@ class EngineBatch(Protocol):
 
 
 class Engine(Protocol):
-    def open(self, contexts: Sequence[Sequence[int]], counts: Sequence[int], sampling: Sampling) -> EngineBatch: ...
+    def open(self, contexts: Sequence[Sequence[int]], counts: Sequence[int], sampling: Sampling,
+             prefixes: PrefixStore | None = None) -> EngineBatch: ...
 
     def sync(self, model: Any, probe_ids: Sequence[int] | None = None) -> float | None:
         """Serve the trainer's current weights (after each optimiser step); with a probe, check that the
@@ -191,8 +230,10 @@ class HFEngine:
     covers every input id (the silent-wrong-logits trap of `generate`, NOTES.md).
 
     prefix_reuse=True: a context shared by k rows is prefilled once and its cache rows repeated
-    (`batch_select_indices` with repeated indices = copy + repeat-interleave); False: every row
-    prefills its own copy (to measure the saving).
+    (`batch_select_indices` with repeated indices = copy + repeat-interleave), and with a
+    `PrefixStore` a context starts from the cache of the kept row sharing its longest prefix; released
+    rows are kept there (their K/V gathered to a compact copy). False: every row prefills its own copy
+    and the store is ignored (to measure the saving).
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, max_new_tokens: int = 500, prefix_reuse: bool = True) -> None:
@@ -202,8 +243,9 @@ class HFEngine:
         self.stop = StopChecker(tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
-    def open(self, contexts: Sequence[Sequence[int]], counts: Sequence[int], sampling: Sampling) -> "HFBatch":
-        return HFBatch(self, contexts, counts, sampling)
+    def open(self, contexts: Sequence[Sequence[int]], counts: Sequence[int], sampling: Sampling,
+             prefixes: PrefixStore | None = None) -> "HFBatch":
+        return HFBatch(self, contexts, counts, sampling, prefixes if self.prefix_reuse else None)
 
     def sync(self, model: Any, probe_ids: Sequence[int] | None = None) -> None:
         """Nothing to check: the engine runs the trainer's own model object."""
@@ -214,10 +256,10 @@ class HFBatch:
     """The live state of an `HFEngine` batch; see `EngineBatch`."""
 
     def __init__(self, engine: HFEngine, contexts: Sequence[Sequence[int]], counts: Sequence[int],
-                 sampling: Sampling) -> None:
+                 sampling: Sampling, prefixes: PrefixStore | None = None) -> None:
         if len(contexts) != len(counts) or any(len(c) < 1 for c in contexts) or any(n < 0 for n in counts):
             raise ValueError("open(contexts, counts): one count >= 0 per non-empty context")
-        self.engine, self.sampling = engine, sampling
+        self.engine, self.sampling, self.prefixes = engine, sampling, prefixes
         self.model = engine.model
         self.device = next(self.model.parameters()).device
         self.generator = torch.Generator(device="cpu").manual_seed(sampling.seed)
@@ -227,6 +269,8 @@ class HFBatch:
         self.attn = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # [B, T_cache]
         self.pos: list[int] = []          # next position id per internal row
         self.pending: list[list[int]] = []  # tokens not yet in the cache per internal row
+        self.cached: list[list[int]] = []   # tokens in the cache per internal row, in order
+        self.cols: list[list[int]] = []     # the cache column of each of them
         self.index: dict[int, int] = {}   # external row id -> internal row
         self._prefill(contexts, counts)
 
@@ -239,17 +283,13 @@ class HFBatch:
         else:
             blocks = [h for h, n in zip(heads, counts) for _ in range(n)]
             repeat = [1] * len(blocks)
-        src = [i for i, n in enumerate(repeat) for _ in range(n)]
-        self.pos = [0] * len(blocks)
-        self.pending = [[] for _ in blocks]
-        self.attn = torch.zeros(len(blocks), 0, dtype=torch.long, device=self.device)
-        if any(blocks):
+        kept = [self.prefixes.longest(b) if self.prefixes and b else (-1, 0) for b in blocks]
+        self._start_from(kept)
+        todo = [i for i, (b, (_, m)) in enumerate(zip(blocks, kept)) if len(b) > m]
+        if todo:
             with torch.no_grad():
-                self._forward(blocks, list(range(len(blocks))))
-        if self.cache.get_seq_length():
-            self.cache.batch_select_indices(torch.tensor(src, dtype=torch.long, device=self.device))
-        self.attn = self.attn[src]
-        self.pos = [self.pos[i] for i in src]
+                self._forward([blocks[i][kept[i][1]:] for i in todo], todo)
+        self._select(torch.tensor([i for i, n in enumerate(repeat) for _ in range(n)], dtype=torch.long))
         row_ctx = [i for i, n in enumerate(counts) for _ in range(n)]
         self.pending = [[contexts[c][-1]] for c in row_ctx]
         self.index = {r: r for r in range(len(row_ctx))}
@@ -260,11 +300,44 @@ class HFBatch:
             if reuse and c in first:
                 s.saved = len(heads[c])
             else:
-                s.computed += len(heads[c])
+                s.saved = kept[c][1] if reuse else 0  # from a kept row
+                s.computed += len(heads[c]) - s.saved
                 first.add(c)
             self.row_stats.append(s)
         self.stats.computed = sum(s.computed for s in self.row_stats)
         self.stats.saved = sum(s.saved for s in self.row_stats)
+
+    def _start_from(self, kept: Sequence[tuple[int, int]]) -> None:
+        """One internal row per (kept row, length): that kept row's first `length` cached tokens,
+        left-aligned, the other columns masked (length 0: an empty row)."""
+        width = max((m for _, m in kept), default=0)
+        self.pos = [m for _, m in kept]
+        self.cached = [self.prefixes.ids[r][:m] if m else [] for r, m in kept]
+        self.cols = [list(range(m)) for _, m in kept]
+        self.pending = [[] for _ in kept]
+        self.attn = (torch.arange(width)[None, :] < torch.tensor(self.pos, dtype=torch.long)[:, None]).long()
+        self.attn = self.attn.to(self.device)
+        if not width:
+            return
+        for layer in range(len(self.prefixes.kv[next(r for r, m in kept if m)])):
+            k0 = next(self.prefixes.kv[r][layer][0] for r, m in kept if m)
+            keys = k0.new_zeros(len(kept), k0.shape[0], width, k0.shape[-1])  # (B, heads, width, head_dim)
+            values = torch.zeros_like(keys)
+            for i, (r, m) in enumerate(kept):
+                if m:
+                    keys[i, :, :m], values[i, :, :m] = (t[:, :m] for t in self.prefixes.kv[r][layer])
+            self.cache.update(keys, values, layer)
+
+    def _select(self, rows: torch.Tensor) -> None:
+        """Keep (or repeat) internal rows, in this order: cache, mask and per-row state alike."""
+        if self.cache.get_seq_length():
+            self.cache.batch_select_indices(rows.to(self.device))
+        self.attn = self.attn[rows.to(self.device)]
+        keep = rows.tolist()
+        self.pos = [self.pos[i] for i in keep]
+        self.pending = [list(self.pending[i]) for i in keep]
+        self.cached = [list(self.cached[i]) for i in keep]
+        self.cols = [list(self.cols[i]) for i in keep]
 
     # ---- one ragged forward ----------------------------------------------------------------------
     def _forward(self, blocks: Sequence[Sequence[int]], rows: Sequence[int]) -> torch.Tensor:
@@ -281,9 +354,12 @@ class HFBatch:
         attn = torch.cat([self.attn, mask.to(self.device)], dim=1)
         out = self.model(input_ids=ids.to(self.device), attention_mask=attn, position_ids=posn.to(self.device),
                          past_key_values=self.cache, use_cache=True)
+        first_col = self.attn.shape[1]
         self.attn = attn
         for b, r in zip(blocks, rows):
             self.pos[r] += len(b)
+            self.cached[r].extend(b)
+            self.cols[r].extend(range(first_col, first_col + len(b)))
         last = torch.tensor([len(b) - 1 for b in blocks], device=self.device)
         return out.logits[torch.tensor(rows, device=self.device), last].float()
 
@@ -324,19 +400,20 @@ class HFBatch:
             self.pending[self.index[r]].extend(int(t) for t in extra)
 
     def release(self, rows: Sequence[int]) -> None:
-        """Drop finished rows from the cache (the batch gets narrower as episodes end)."""
+        """Drop finished rows from the cache (the batch gets narrower as episodes end); with a prefix
+        store, keep their cached tokens and K/V there first."""
         gone = {self.index.pop(r) for r in rows}
         if not gone:
             return
+        if self.prefixes is not None and self.cache.get_seq_length():
+            for i in sorted(gone):
+                cols = torch.tensor(self.cols[i], dtype=torch.long, device=self.device)
+                self.prefixes.add(self.cached[i], [(layer.keys[i][:, cols], layer.values[i][:, cols])
+                                                   for layer in self.cache.layers])
         keep = [i for i in range(len(self.pos)) if i not in gone]
         remap = {old: new for new, old in enumerate(keep)}
         self.index = {r: remap[i] for r, i in self.index.items()}
-        sel = torch.tensor(keep, dtype=torch.long, device=self.device)
-        if self.cache.get_seq_length():
-            self.cache.batch_select_indices(sel)
-        self.attn = self.attn[sel]
-        self.pos = [self.pos[i] for i in keep]
-        self.pending = [self.pending[i] for i in keep]
+        self._select(torch.tensor(keep, dtype=torch.long))
 
     def _sum_stats(self) -> None:
         self.stats.computed = sum(s.computed for s in self.row_stats)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from tg.engine import Engine, PrefillStats, Sampling
+from tg.engine import Engine, PrefillStats, PrefixStore, Sampling
 from tg.env import SearchEnv
 from tg.protocol import Step
 
@@ -37,13 +37,14 @@ class Episode:
 
 
 def run_episodes(engine: Engine, env: SearchEnv, starts: Sequence[Start], sampling: Sampling, *,
-                 max_step_tokens: int, max_context_tokens: int) -> list[Episode]:
+                 max_step_tokens: int, max_context_tokens: int, prefixes: PrefixStore | None = None) -> list[Episode]:
     """Run every row of every start to the end of its episode; rows in start order, count copies each.
+    With `prefixes`, starts reuse the cache of rows kept there, and finished rows are kept there.
 
     A row whose context reaches `max_context_tokens` ends there (its last step is then a leaf with
     whatever it holds, like a forced final step).
     """
-    batch = engine.open([s.context for s in starts], [s.count for s in starts], sampling)
+    batch = engine.open([s.context for s in starts], [s.count for s in starts], sampling, prefixes)
     episodes = [Episode(i, []) for i, s in enumerate(starts) for _ in range(s.count)]
     length = [len(starts[e.start].context) for e in episodes]
     turns = [starts[e.start].turns for e in episodes]

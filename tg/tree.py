@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from tg.engine import Engine, Sampling
+from tg.engine import Engine, PrefixStore, Sampling
 from tg.env import SearchEnv
 from tg.protocol import Step, Trajectory
 from tg.rollout import Start, run_episodes
@@ -128,15 +128,18 @@ def sample_trees(engine: Engine, env: SearchEnv, prompts: Sequence[list[int]], *
     """Initialize-then-expand for a batch of prompts; returns M trees per prompt and engine accounting.
 
     Every round batches all trees of all prompts into one `run_episodes` call. A node picked k times
-    is one start with count k, so its context is prefilled once (prefix reuse) and k branches decode.
+    is one start with count k, so its context is prefilled once (prefix reuse) and k branches decode;
+    and a branch starts from the kept cache of the chain it branches from (`PrefixStore`), so only
+    its last context token is prefilled.
     """
     t0 = time.perf_counter()
     trees = [[Tree(q, list(p)) for _ in range(M)] for q, p in enumerate(prompts)]
     computed, saved, generated = [0] * len(prompts), [0] * len(prompts), [0] * len(prompts)
     kw = dict(max_step_tokens=max_step_tokens, max_context_tokens=max_context_tokens)
+    store = PrefixStore() if L else None  # this rollout's finished rows; dropped with it (new weights next)
 
     def run(starts: list[Start], targets: list[list[tuple[Tree, int]]]) -> None:
-        eps = run_episodes(engine, env, starts, sampling, **kw)
+        eps = run_episodes(engine, env, starts, sampling, prefixes=store, **kw)
         slots = [slot for t in targets for slot in t]
         for ep, (tree, parent) in zip(eps, slots):
             tree.add_path(parent, ep.steps)

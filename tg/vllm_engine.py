@@ -58,7 +58,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
-from tg.engine import GenOut, PrefillStats, Sampling, StopChecker
+from tg.engine import GenOut, PrefillStats, PrefixStore, Sampling, StopChecker
 from tg.protocol import STOP_STRINGS
 
 log = logging.getLogger(__name__)
@@ -239,7 +239,9 @@ class VLLMEngine:
                                      "model.num_heads (the cpu preset's 128 / 4 = 32 works)")
 
     # ---- the Engine interface ----------------------------------------------------------------
-    def open(self, contexts: Sequence[Sequence[int]], counts: Sequence[int], sampling: Sampling) -> "VLLMBatch":
+    def open(self, contexts: Sequence[Sequence[int]], counts: Sequence[int], sampling: Sampling,
+             prefixes: PrefixStore | None = None) -> "VLLMBatch":
+        """`prefixes` is not needed: vLLM's automatic prefix caching finds shared prefixes by itself."""
         return VLLMBatch(self, contexts, counts, sampling)
 
     @property
