@@ -36,19 +36,19 @@ from tg.policy import load_policy
 from tg.protocol import prompt_ids
 from tg.tree import sample_trees
 
-CONFIGS = [  # name, (M, N, L), prefix reuse, the chain it is compared with
-    ("chain G=4", (4, 0, 0), True, "chain G=4"),
-    ("tree (2,2,1)", (2, 2, 1), True, "chain G=4"),
-    ("tree (2,2,1) no reuse", (2, 2, 1), False, "chain G=4"),
-    ("chain G=16", (16, 0, 0), True, "chain G=16"),
-    ("tree (4,5,1)", (4, 5, 1), True, "chain G=16"),
-    ("tree (8,2,1)", (8, 2, 1), True, "chain G=16"),
+CONFIGS = [  # name, (M, N, L), prefix reuse, the chain of its budget on the same engine, the HF row it repeats
+    ("chain G=4", (4, 0, 0), True, "chain G=4", None),
+    ("tree (2,2,1)", (2, 2, 1), True, "chain G=4", None),
+    ("tree (2,2,1) no reuse", (2, 2, 1), False, "chain G=4", None),
+    ("chain G=16", (16, 0, 0), True, "chain G=16", None),
+    ("tree (4,5,1)", (4, 5, 1), True, "chain G=16", None),
+    ("tree (8,2,1)", (8, 2, 1), True, "chain G=16", None),
 ]
-VLLM_CONFIGS = [  # the same work through the vLLM engine (automatic prefix caching), compared with HF's
-    ("vLLM chain G=4", (4, 0, 0), True, "chain G=4"),
-    ("vLLM tree (2,2,1)", (2, 2, 1), True, "tree (2,2,1)"),
-    ("vLLM chain G=16", (16, 0, 0), True, "chain G=16"),
-    ("vLLM tree (4,5,1)", (4, 5, 1), True, "tree (4,5,1)"),
+VLLM_CONFIGS = [  # the same work through the vLLM engine (automatic prefix caching)
+    ("vLLM chain G=4", (4, 0, 0), True, "vLLM chain G=4", "chain G=4"),
+    ("vLLM tree (2,2,1)", (2, 2, 1), True, "vLLM chain G=4", "tree (2,2,1)"),
+    ("vLLM chain G=16", (16, 0, 0), True, "vLLM chain G=16", "chain G=16"),
+    ("vLLM tree (4,5,1)", (4, 5, 1), True, "vLLM chain G=16", "tree (4,5,1)"),
 ]
 
 
@@ -86,7 +86,7 @@ def main() -> None:
         run_once(engine, env, prompts[:2], (2, 2, 1), seed=10**6)
     runs: dict[str, list[Ledger]] = {name: [] for name, *_ in configs}
     for rep in range(args.reps):
-        for name, shape, reuse, _ in configs:
+        for name, shape, reuse, *_ in configs:
             engine = vllm if name.startswith("vLLM") else engines[reuse]
             if engine is vllm:
                 vllm.reset_prefix_cache()  # no hits carried over from the previous configuration
@@ -123,20 +123,22 @@ def _median(ledgers_: list[Ledger], key: str, per: str, n_q: int) -> float:
 
 def render(runs: dict[str, list[Ledger]], configs: list, n_q: int, reps: int) -> str:
     head = ("| config | budget | traj/q | gen tok/q | gen tok/traj | obs tok/traj | prefill/q | saved/q | "
-            "calls/traj | s/q | s/traj | gen/traj vs ref | s/traj vs ref |")
+            "calls/traj | s/q | s/traj | gen/traj vs chain | s/traj vs chain | s/traj vs HF |")
     lines = [f"Medians of {reps} repetitions, {n_q} multi-hop training questions, warmed-up tiny policy, "
-             "temperature 1, top-p 0.95. 'ref' = the chain of the matched budget (HF rows) or the same "
-             "configuration on the HF engine (vLLM rows).", "", head, "|" + "---|" * (head.count("|") - 1)]
-    for name, shape, _, ref in configs:
+             "temperature 1, top-p 0.95. 'vs chain': against the chain of the matched budget on the same "
+             "engine; 'vs HF' (vLLM rows): against the same configuration on the HF engine.", "", head,
+             "|" + "---|" * (head.count("|") - 1)]
+    for name, shape, _, ref, hf in configs:
         r, c = runs[name], runs[ref]
         gen_t, ref_gen = _median(r, "generated", "t", n_q), _median(c, "generated", "t", n_q)
         s_t, ref_s = _median(r, "seconds", "t", n_q), _median(c, "seconds", "t", n_q)
+        vs_hf = f"{s_t / _median(runs[hf], 'seconds', 't', n_q):.2f}x" if hf else ""
         lines.append(
             f"| {name} | {chain_equivalent_budget(*shape):g} | {_median(r, 'trajectories', 'q', n_q):.1f} "
             f"| {_median(r, 'generated', 'q', n_q):.0f} | {gen_t:.1f} | {_median(r, 'observation', 't', n_q):.1f} "
             f"| {_median(r, 'prefill_computed', 'q', n_q):.0f} | {_median(r, 'prefill_saved', 'q', n_q):.0f} "
             f"| {_median(r, 'tool_calls', 't', n_q):.2f} | {_median(r, 'seconds', 'q', n_q):.3f} | {s_t:.4f} "
-            f"| {gen_t / ref_gen:.2f}x | {s_t / ref_s:.2f}x |")
+            f"| {gen_t / ref_gen:.2f}x | {s_t / ref_s:.2f}x | {vs_hf} |")
     return "\n".join(lines)
 
 
