@@ -49,7 +49,7 @@ def test_declared_grids_and_regimes():
     for setting, regime in [("multi-hop", "moderate"), ("multi-hop", "hard"), ("single-hop", "moderate")]:
         for method in ("chain", "tree"):
             c = budget[f"{setting}/{regime}/{method}"]
-            assert len(c.seeds) >= (5 if regime == "hard" else 3) and max(c.points) >= 60
+            assert len(c.seeds) >= 5 and max(c.points) >= 60  # the issue: >= 5 seeds for the headline claims
             assert set(mini.REGIMES[regime]) <= set(c.overrides)
     assert all(len(c.seeds) >= 3 for c in grids["ledger"])
     leaves = {mini.cell_config(c, 0).optim.advantage: set() for c in grids["ablation"] if c.kind == "train"}
