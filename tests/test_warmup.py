@@ -153,11 +153,12 @@ def test_warmup_is_cached_and_loads(cfg: Config, warm) -> None:
 def test_warmup_quality_band(cfg: Config, warm, world_and_retriever) -> None:
     """Greedy EM: single-hop well above 0 but not solved; multi-hop above 0 and clearly below single-hop.
     Measured 2026-11-30 (default warm-up, 700 steps, observation loss on, 1 torch thread): 0.50 single-hop
-    and 0.127 multi-hop on 150 + 300 questions."""
+    and 0.127 multi-hop on 150 + 300 questions (warm-up seed 0, the default). Other warm-up seeds:
+    0.26 / 0.003 (seed 1) and 0.54 / 0.123 (seed 2), so the band is loose enough for all three."""
     model, tok = warm
     _, retriever = world_and_retriever
     test = load_split(ensure_world(cfg.data, cfg.cache_dir), "test")  # FlashRAG-schema rows -> Question
     em = greedy_em(model, tok, retriever, [q for q in test if q.data_source == SINGLE][:150] +
                    [q for q in test if q.data_source == MULTI][:300])
-    assert 0.25 < em[SINGLE] < 0.97
+    assert 0.2 < em[SINGLE] < 0.97
     assert 0.0 < em[MULTI] < em[SINGLE] - 0.2
