@@ -1,11 +1,13 @@
 """The HF engine: prefix-KV reuse and live multi-turn caches give the logits of a full recomputation."""
 
+from contextlib import nullcontext
+
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import DynamicCache, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from tg.engine import GrowingCache, HFEngine, PrefixStore, Sampling, StopChecker
+from tg.engine import GrowingCache, HFEngine, PrefixStore, Sampling, StopChecker, grouped_attention
 from tg.protocol import STOP_STRINGS
 
 
@@ -59,6 +61,23 @@ def test_growing_cache_equals_dynamic_cache(model):
                 x = out[-1][:, -1].argmax(-1, keepdim=True)
     assert caches[1].get_seq_length() == caches[0].get_seq_length() == 90
     assert all(torch.equal(a, b) for a, b in zip(*outs))
+
+
+def test_grouped_attention_equals_sdpa_under_padding(model):
+    """sdpa_grouped (K/V heads kept grouped under a mask) gives transformers' sdpa logits, bit for bit:
+    a right-padded prefill, then a masked decode step on the cache; the model's setting is restored."""
+    ids = torch.randint(0, 300, (3, 12), generator=torch.Generator().manual_seed(4))
+    mask = torch.tensor([[1] * 12, [1] * 7 + [0] * 5, [1] * 3 + [0] * 9])
+    outs = []
+    for grouped in (False, True):
+        cache = DynamicCache()
+        with torch.no_grad(), (grouped_attention(model) if grouped else nullcontext()):
+            a = model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True).logits
+            b = model(input_ids=ids[:, :1], attention_mask=torch.cat([mask, torch.ones(3, 1, dtype=torch.long)], 1),
+                      position_ids=mask.sum(1, keepdim=True), past_key_values=cache, use_cache=True).logits
+        outs.append((a * mask[..., None], b))
+    assert model.config._attn_implementation == "sdpa"
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
 
 
 @pytest.mark.parametrize("reuse", [True, False])

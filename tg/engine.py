@@ -17,12 +17,14 @@ branch's context is a prefix of the chain it branches from) instead of prefillin
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
 import torch
-from transformers import DynamicCache
+from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from tg.protocol import STOP_STRINGS
 
@@ -221,6 +223,43 @@ class GrowingCache(DynamicCache):
         Cache.__init__(self, layer_class_to_replicate=GrowingLayer)
 
 
+GROUPED_SDPA = "tg_sdpa_grouped"
+
+
+def sdpa_grouped(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                 **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' `sdpa` attention, except that grouped K/V heads stay grouped under a padding mask.
+
+    transformers repeats K/V to every query head whenever a mask is given (CUDA's fast kernels lack masked
+    GQA); on CPU that is a copy of the whole cache per layer per forward, about half of a masked decode
+    forward at batch 128. torch's `enable_gqa` gives the same values without the copy (tested).
+    """
+    causal = query.shape[2] > 1 and attention_mask is None and getattr(module, "is_causal", True)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=causal,
+        enable_gqa=query.shape[1] != key.shape[1])
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(GROUPED_SDPA, sdpa_grouped)
+AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)
+
+
+@contextmanager
+def grouped_attention(model: Any) -> Iterator[None]:
+    """Run `model`'s sdpa attention as `sdpa_grouped` inside the block (CPU only; restored after)."""
+    config = model.config
+    if config._attn_implementation != "sdpa" or next(model.parameters()).device.type != "cpu":
+        yield
+        return
+    config._attn_implementation = GROUPED_SDPA
+    try:
+        yield
+    finally:
+        config._attn_implementation = "sdpa"
+
+
 class HFEngine:
     """Batched step generation with transformers, prefix-KV reuse and live multi-turn caches.
 
@@ -352,8 +391,9 @@ class HFBatch:
             mask[r, :len(b)] = 1
         posn = torch.tensor(self.pos, dtype=torch.long)[:, None] + torch.arange(width)  # padding: any position
         attn = torch.cat([self.attn, mask.to(self.device)], dim=1)
-        out = self.model(input_ids=ids.to(self.device), attention_mask=attn, position_ids=posn.to(self.device),
-                         past_key_values=self.cache, use_cache=True)
+        with grouped_attention(self.model):
+            out = self.model(input_ids=ids.to(self.device), attention_mask=attn, position_ids=posn.to(self.device),
+                             past_key_values=self.cache, use_cache=True)
         first_col = self.attn.shape[1]
         self.attn = attn
         for b, r in zip(blocks, rows):
