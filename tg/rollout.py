@@ -39,10 +39,10 @@ class Episode:
 def run_episodes(engine: Engine, env: SearchEnv, starts: Sequence[Start], sampling: Sampling, *,
                  max_step_tokens: int, max_context_tokens: int, prefixes: PrefixStore | None = None) -> list[Episode]:
     """Run every row of every start to the end of its episode; rows in start order, count copies each.
-    With `prefixes`, starts reuse the cache of rows kept there, and finished rows are kept there.
 
     A row whose context reaches `max_context_tokens` ends there (its last step is then a leaf with
-    whatever it holds, like a forced final step).
+    whatever it holds, like a forced final step). With `prefixes`, a start continues the cache of a row
+    kept there (HF engine), and finished rows are kept there for later calls.
     """
     batch = engine.open([s.context for s in starts], [s.count for s in starts], sampling, prefixes)
     episodes = [Episode(i, []) for i, s in enumerate(starts) for _ in range(s.count)]
