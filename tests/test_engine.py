@@ -137,6 +137,9 @@ def test_prefix_store_continues_kept_rows_exactly(model, tokenizer):
     saved = [s.saved for s in second.row_stats]
     assert saved == [32, 32, len(full[0]), 12, 0]
     assert [s.computed + s.saved for s in second.row_stats] == [33, 33, len(contexts[1]), 15, 3]
+    store.keep = False  # a rollout's last round: its released rows are not kept
+    second.release(range(5))
+    assert len(store.ids) == 2
     off = HFEngine(model, tokenizer, prefix_reuse=False).open(contexts, [2, 1, 1, 1], Sampling(seed=3), store)
     assert off.stats.saved == 0 and off.prefixes is None  # reuse off: the store is ignored
 

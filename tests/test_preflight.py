@@ -61,10 +61,10 @@ def test_memory_parts_by_hand():
 def test_memory_estimate_of_the_paper_preset():
     cfg = load_config("paper-1.5b-multi-hop")
     est = memory_estimate(S, cfg, 80 * GIB)
-    # HF engine: the expansion round holds 512 prompts x 2 trees x 2 branches at 4,096 tokens
-    assert est.rollout_kv == 512 * 2 * 2 * 4096 * 28_672 == 224 * GIB
+    # HF engine: the expansion round holds 512 prompts x 2 trees x 2 branches, and the 2 seed chains' kept K/V
+    assert est.rollout_kv == 512 * 2 * (1 + 2) * 4096 * 28_672 == 336 * GIB
     assert est.activations == 2 * (4096 + 500) * 2_304_256 and est.vllm == 0
-    assert est.total == 1_671_059_456 + 1_181_745_152 + 224 * GIB + 1 * GIB      # rollout and update alternate
+    assert est.total == 1_671_059_456 + 1_181_745_152 + 336 * GIB + 1 * GIB      # rollout and update alternate
     v = memory_estimate(S, cfg.with_overrides("agent.engine=vllm"), 80 * GIB)
     assert v.rollout_kv == 0 and v.vllm == 40 * GIB and v.total < 80 * GIB
     assert largest_fitting(8, lambda r: r * 10 <= 35) == 3 and largest_fitting(8, lambda r: False) == 0

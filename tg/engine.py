@@ -73,6 +73,8 @@ class PrefixStore:
     ids: list[list[int]] = field(default_factory=list)
     kv: list[list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=list)
     """Per kept row, per layer: keys and values (heads, len(ids), head_dim)."""
+    keep: bool = True
+    """Whether released rows are added (False for a rollout's last round: no later batch continues them)."""
 
     def add(self, ids: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         self.ids.append(ids)
@@ -445,7 +447,7 @@ class HFBatch:
         gone = {self.index.pop(r) for r in rows}
         if not gone:
             return
-        if self.prefixes is not None and self.cache.get_seq_length():
+        if self.prefixes is not None and self.prefixes.keep and self.cache.get_seq_length():
             for i in sorted(gone):
                 cols = torch.tensor(self.cols[i], dtype=torch.long, device=self.device)
                 self.prefixes.add(self.cached[i], [(layer.keys[i][:, cols], layer.values[i][:, cols])

@@ -148,7 +148,8 @@ def sample_trees(engine: Engine, env: SearchEnv, prompts: Sequence[list[int]], *
             generated[tree.question] += ep.prefill.generated
 
     run([Start(list(p), M) for p in prompts], [[(t, 0) for t in ts] for ts in trees])
-    for _ in range(L):
+    for round_ in range(L):
+        store.keep = round_ < L - 1
         starts, targets = [], []
         for tree in (t for ts in trees for t in ts):
             picks = choose_nodes(tree, N, node_rule, rng)
