@@ -122,8 +122,8 @@ class _Recorder:
     def __init__(self, engine) -> None:
         self.engine, self.outs, self.prefilled = engine, [], []
 
-    def open(self, contexts, counts, sampling):
-        batch = self.engine.open(contexts, counts, sampling)
+    def open(self, contexts, counts, sampling, prefixes=None):
+        batch = self.engine.open(contexts, counts, sampling, prefixes)
         generate = batch.generate
 
         def recorded(rows, caps):
