@@ -69,8 +69,9 @@ CURRICULUM_SHARE = 0.7
 WARMUP_THREADS = 1
 """Torch threads for the warm-up, whatever the caller's: the result depends on the thread count (float
 summation order; a 2-thread warm-up gave greedy EM 0.54 / 0.083 where the 1-thread one behind
-results/mini gives 0.50 / 0.127), so one count keeps every fresh clone on the same policy. It costs
-time: about 530 s instead of about 320 s on 2 cores (measured 2026-11-30)."""
+results/mini gives 0.50 / 0.127), so one count keeps every fresh clone on the same policy: with the
+caller at 2 threads, a fresh warm-up reproduced that cached policy bit for bit (2026-11-30). It costs
+time: 529-586 s instead of 323 s with 2 threads on 2 cores."""
 
 
 def _phrase(relation: str, subject: str) -> str:
