@@ -41,7 +41,7 @@ def world_and_retriever(world_dir, retriever):
 
 @pytest.fixture(scope="session")
 def warm(cfg: Config):
-    """The default warm-up, trained once and cached on disk (~5 min the first time on 2 cores)."""
+    """The default warm-up, trained once and cached on disk (~9-10 min the first time, one thread)."""
     return load_policy(warmed_up_policy(cfg, progress=False))
 
 
