@@ -60,6 +60,9 @@ def test_declared_grids_and_regimes():
     assert leaves["intra"] == leaves["inter"] == leaves["intra+inter"] == {3, 7}   # Table 4's two tree sizes
     trees = [mini.cell_config(c, 0).tree for c in grids["shapes"] if c.kind == "train"]
     assert {matched_chain_group(t.M, t.N, t.L) for t in trees} == {4}                # Table 7's budget ≈4 block
+    sweep = [mini.cell_config(c, 0).tree for c in grids["sweep"] if c.kind == "train"]      # Table 3's pairs
+    assert sorted((t.chain_equivalent_budget, t.is_chain) for t in sweep) == [(b, m) for b in (2, 4, 8, 16) for m in (False, True)]
+    assert all(len(c.seeds) >= 5 for c in grids["sweep"] + grids["ablation"] if c.kind == "train")
     tree = mini.cell_config(budget["multi-hop/hard/tree"], 3)
     assert (tree.tree.M, tree.tree.N, tree.tree.L, tree.optim.seed, tree.warmup.early_stop_share) == (2, 2, 1, 3, 0.95)
 
@@ -96,3 +99,24 @@ def test_ledger_summary_compares_each_tree_with_its_budgets_chain():
     tree = mini.ledger_summary(df).set_index("N").loc[2]
     assert (tree.traj_ratio, tree.tokens_per_traj_ratio, tree.calls_per_traj_ratio) == (1.5, 0.75, 0.5)
     assert tree.seconds_per_q_ratio == pytest.approx(1.5)
+
+
+def test_rows_of_identical_configurations_are_copied_not_retrained(tmp_path):
+    """The shapes grid's (2,2,1) cell is the budget grid's hard multi-hop tree: its rows are reused, named
+    for the new cell and for their source; a cell that differs in anything (here the shape) is not."""
+    grids = mini.experiments()
+    tree = {c.name: c for c in grids["budget"]}["multi-hop/hard/tree"]
+    same = {c.name: c for c in grids["shapes"]}["multi-hop/hard/(2,2,1)"]
+    other = {c.name: c for c in grids["shapes"]}["multi-hop/hard/(2,1,2)"]
+    mini_dir = tmp_path / "results" / "mini"
+    mini_dir.mkdir(parents=True)
+    rows = [dict(cell=tree.name, seed=s, step=p, method="tree", em_multi=10 + s,
+                 config_hash=mini.cell_config(tree, s).hash()) for s in (0, 1) for p in (30, 60)]
+    mini.append_rows(mini_dir / "budget.csv", rows)
+    path = mini_dir / "shapes.csv"
+    copied = mini.reuse_rows([same, other], path)
+    assert [(r["cell"], r["seed"], r["step"], r["em_multi"]) for r in _rows(path)] == [
+        (same.name, str(s), str(p), str(10 + s)) for s in (0, 1) for p in (30, 60)]
+    assert {r["reused_from"] for r in copied} == {"budget"} and {r["method"] for r in copied} == {"(2,2,1)"}
+    assert [(j.cell.name, j.seed) for j in mini.pending_jobs("shapes", [same], path)] == [(same.name, s) for s in (2, 3, 4)]
+    assert mini.reuse_rows([same, other], path) == []   # nothing twice

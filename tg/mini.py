@@ -79,7 +79,8 @@ def _train_cells(regime: str, setting: str, shapes: dict[str, tuple[str, ...]], 
 def experiments() -> dict[str, list[Cell]]:
     """The named grids. `budget`: claims 2 and 6 at the paper's budget 4 (chain G=4 vs tree (2,2,1)),
     multi-hop in both regimes and single-hop; `ledger`: claim 1; `theory`: claim 7; `ablation` (claim 4,
-    Table 4: intra / inter / both at 3 and 7 leaves per tree) and `shapes` (claim 5, Table 7 at budget 4)."""
+    Table 4: intra / inter / both at 3 and 7 leaves per tree), `shapes` (claim 5, Table 7 at budget 4) and
+    `sweep` (claim 3, Table 3: chain G vs tree (G/2, 2, 1) at budgets 2, 4, 8, 16)."""
     pair = {"chain": CHAIN4, "tree": TREE221}
     # 5 seeds per cell, as declared; the first session's CPU time ran seeds 0-2 (0-3 from the hard start),
     # and `tg mini run budget` adds the rest seed by seed (results/mini/README.md: seeds)
@@ -96,7 +97,13 @@ def experiments() -> dict[str, list[Cell]]:
                                  advantage=adv, start=False)
     shapes = _train_cells("hard", "multi-hop", {f"({m},{n},{l})": tree_shape(m, n, l)
                                                 for m, n, l in [(4, 0, 0), (2, 2, 1), (2, 1, 2), (1, 5, 1)]})
-    return {"budget": budget, "ledger": ledger, "theory": theory, "ablation": ablation, "shapes": shapes}
+    # claim 3 (Table 3's budget pairs) from the hard start; budget 4 and chain-8 are copied from the budget and
+    # ablation grids (`reuse_rows`); the rest is about 16 h on one core, 8 h on 2
+    sweep = _train_cells("hard", "multi-hop", {f"chain-{g}": tree_shape(g, 0, 0) for g in (2, 4, 8, 16)}) + _train_cells(
+        "hard", "multi-hop", {f"tree ({m},{n},{l})": tree_shape(m, n, l) for m, n, l in [(1, 2, 1), (2, 2, 1), (4, 2, 1), (8, 2, 1)]},
+        start=False)
+    return {"budget": budget, "ledger": ledger, "theory": theory, "ablation": ablation, "shapes": shapes,
+            "sweep": sweep}
 
 
 def describe(name: str | None = None) -> str:
@@ -153,6 +160,27 @@ def pending_jobs(experiment: str, cells: list[Cell], path: Path) -> list[Job]:
             if seed in c.seeds and missing:
                 jobs.append(Job(experiment, c, seed, missing))
     return sorted(jobs, key=lambda j: j.cell.kind != "start")  # starting policies first: the cheapest rows
+
+
+def reuse_rows(cells: list[Cell], path: Path) -> list[dict]:
+    """Copy into `path` the missing (cell, seed, point) rows whose configuration (config hash, hence seed
+    too) another experiment's CSV beside it already has: the same run, not re-trained. Each copy keeps its
+    measurements and provenance, takes this cell's name and labels, and names its source in `reused_from`."""
+    found: dict[tuple[str, str], dict] = {}
+    for other in sorted(path.parent.glob("*.csv")):
+        if other != path:
+            for r in csv.DictReader(other.open()):
+                if r.get("config_hash"):
+                    found.setdefault((r["config_hash"], r["step"]), {**r, "reused_from": r.get("reused_from") or other.stem})
+    done, rows = done_keys(path), []
+    for c in cells:
+        for seed in c.seeds if c.kind in ("train", "start") else ():
+            key = cell_config(c, seed).hash()
+            rows += [{**found[key, str(p)], "cell": c.name, **c.labels} for p in c.points
+                     if (c.name, seed, p) not in done and (key, str(p)) in found]
+    if rows:
+        append_rows(path, rows)
+    return rows
 
 
 def cell_config(cell: Cell, seed: int, base: Config | None = None) -> Config:
@@ -283,6 +311,10 @@ def run_experiment(name: str, workers: int = 2, root: str | Path | None = None,
     cells = grids[name] if cells is None else cells
     root = Path(root) if root else resolve(".")
     path = root / "results" / "mini" / f"{name}.csv"
+    reused = reuse_rows(cells, path)
+    if reused:
+        print(f"experiment {name}: {len(reused)} rows copied from identical configurations already run "
+              f"({', '.join(sorted({r['reused_from'] for r in reused}))})", flush=True)
     jobs = pending_jobs(name, cells, path)
     print(f"experiment {name}: {len(cells)} cells, {len(jobs)} (cell, seed) jobs to run "
           f"({sum(len(j.points) for j in jobs)} rows) -> {path}", flush=True)
