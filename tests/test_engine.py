@@ -1,5 +1,6 @@
 """The HF engine: prefix-KV reuse and live multi-turn caches give the logits of a full recomputation."""
 
+import random
 from contextlib import nullcontext
 
 import pytest
@@ -137,11 +138,30 @@ def test_prefix_store_continues_kept_rows_exactly(model, tokenizer):
     saved = [s.saved for s in second.row_stats]
     assert saved == [32, 32, len(full[0]), 12, 0]
     assert [s.computed + s.saved for s in second.row_stats] == [33, 33, len(contexts[1]), 15, 3]
+    branches = [full[0][:33], full[1][:20]]  # every context cached already: rows assembled, repeats included
+    third = engine.open(branches, [2, 1], Sampling(seed=4), store)
+    assert third.stats.computed == 3 and third.stats.saved == 2 * 32 + 19
+    for out, c in zip(third.generate(range(3), [5] * 3), [0, 0, 1]):
+        assert out.logprobs == pytest.approx(_full_logprobs(model, branches[c], out.ids), abs=1e-5)
     store.keep = False  # a rollout's last round: its released rows are not kept
     second.release(range(5))
     assert len(store.ids) == 2
     off = HFEngine(model, tokenizer, prefix_reuse=False).open(contexts, [2, 1, 1, 1], Sampling(seed=3), store)
     assert off.stats.saved == 0 and off.prefixes is None  # reuse off: the store is ignored
+
+
+def test_prefix_store_finds_the_longest_shared_prefix_of_the_earliest_row():
+    """The sorted look-up against a brute-force scan: many shared prefixes and duplicates (4 symbols)."""
+    rng = random.Random(0)
+    store, rows = PrefixStore(), [[rng.randrange(4) for _ in range(rng.randrange(1, 12))] for _ in range(60)]
+    assert store.longest([1, 2]) == (-1, 0)
+    for r in rows:
+        store.add(r, [])
+    for _ in range(500):
+        ctx = [rng.randrange(4) for _ in range(rng.randrange(1, 14))]
+        common = [next((i for i, (a, b) in enumerate(zip(r, ctx)) if a != b), min(len(r), len(ctx))) for r in rows]
+        best = max(common)
+        assert store.longest(ctx) == ((common.index(best), best) if best else (-1, 0))
 
 
 def test_multi_token_stop_strings_end_at_the_completing_token(tokenizer):

@@ -17,6 +17,7 @@ branch's context is a prefix of the chain it branches from) instead of prefillin
 
 from __future__ import annotations
 
+import bisect
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Protocol, Sequence
@@ -72,30 +73,43 @@ class PrefixStore:
 
     ids: list[list[int]] = field(default_factory=list)
     kv: list[list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=list)
-    """Per kept row, per layer: keys and values (heads, len(ids), head_dim)."""
+    """Per kept row, per layer: keys and values (heads, >= len(ids), head_dim); the first len(ids) columns count."""
     keep: bool = True
     """Whether released rows are added (False for a rollout's last round: no later batch continues them)."""
+    _order: list[tuple[list[int], int]] = field(default_factory=list, repr=False)
+    """(ids, row) sorted by ids: the longest common prefix with a context is a sorted neighbour's."""
 
     def add(self, ids: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        bisect.insort(self._order, (ids, len(self.ids)))
         self.ids.append(ids)
         self.kv.append(kv)
 
     def longest(self, context: Sequence[int]) -> tuple[int, int]:
-        """(kept row, length) of the longest cached prefix of `context` (length 0: none)."""
-        best, length = -1, 0
-        for r, ids in enumerate(self.ids):
-            n = min(len(ids), len(context))
-            if n <= length:
-                continue
-            if ids[:n] != list(context[:n]):  # the common prefix: bisect on list equality (C speed)
-                lo, hi = 0, n
-                while lo < hi:
-                    mid = (lo + hi + 1) // 2
-                    lo, hi = (mid, hi) if ids[:mid] == list(context[:mid]) else (lo, mid - 1)
-                n = lo
-            if n > length:
-                best, length = r, n
-        return best, length
+        """(kept row, length) of the longest cached prefix of `context` (length 0: none); among rows that
+        share as much, the earliest kept."""
+        ctx = list(context)
+        at = bisect.bisect_left(self._order, (ctx,))
+        length = max((_common(self._order[i][0], ctx) for i in (at - 1, at) if 0 <= i < len(self._order)), default=0)
+        if not length:
+            return -1, 0
+        lo, hi = at, at  # the sorted run of rows whose first `length` ids are the context's
+        while lo > 0 and self._order[lo - 1][0][:length] == ctx[:length]:
+            lo -= 1
+        while hi < len(self._order) and self._order[hi][0][:length] == ctx[:length]:
+            hi += 1
+        return min(r for _, r in self._order[lo:hi]), length
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix of two id lists (bisect on list equality: C speed)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if a[:mid] == b[:mid] else (lo, mid - 1)
+    return lo
 
 
 class EngineBatch(Protocol):
@@ -199,6 +213,12 @@ class GrowingLayer(DynamicLayer):
         self._view(length + n)
         return self.keys, self.values
 
+    def adopt(self, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
+        """Start from buffers the caller filled: their first `length` columns are the cache, the rest spare."""
+        self.lazy_initialization(keys, values)
+        self._buffers = (keys, values)
+        self._view(length)
+
     def _holds_keys(self) -> bool:
         """Whether `keys` is still the view of the buffers (a parent method may have replaced it)."""
         b = self._buffers
@@ -223,6 +243,12 @@ class GrowingCache(DynamicCache):
 
     def __init__(self) -> None:
         Cache.__init__(self, layer_class_to_replicate=GrowingLayer)
+
+    def adopt(self, layer: int, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
+        """Layer `layer` starts from buffers the caller filled (see `GrowingLayer.adopt`)."""
+        while len(self.layers) <= layer:
+            self.layers.append(GrowingLayer())
+        self.layers[layer].adopt(keys, values, length)
 
 
 GROUPED_SDPA = "tg_sdpa_grouped"
@@ -325,12 +351,15 @@ class HFBatch:
             blocks = [h for h, n in zip(heads, counts) for _ in range(n)]
             repeat = [1] * len(blocks)
         kept = [self.prefixes.longest(b) if self.prefixes and b else (-1, 0) for b in blocks]
-        self._start_from(kept)
         todo = [i for i, (b, (_, m)) in enumerate(zip(blocks, kept)) if len(b) > m]
+        rows = [i for i, n in enumerate(repeat) for _ in range(n)]
         if todo:
+            self._start_from(kept)
             with torch.no_grad():
                 self._forward([blocks[i][kept[i][1]:] for i in todo], todo)
-        self._select(torch.tensor([i for i, n in enumerate(repeat) for _ in range(n)], dtype=torch.long))
+            self._select(torch.tensor(rows, dtype=torch.long))
+        else:  # every context is cached already (a tree expansion): assemble the rows, repeats included
+            self._start_from([kept[i] for i in rows])
         row_ctx = [i for i, n in enumerate(counts) for _ in range(n)]
         self.pending = [[contexts[c][-1]] for c in row_ctx]
         self.index = {r: r for r in range(len(row_ctx))}
@@ -362,12 +391,13 @@ class HFBatch:
             return
         for layer in range(len(self.prefixes.kv[next(r for r, m in kept if m)])):
             k0 = next(self.prefixes.kv[r][layer][0] for r, m in kept if m)
-            keys = k0.new_zeros(len(kept), k0.shape[0], width, k0.shape[-1])  # (B, heads, width, head_dim)
-            values = torch.zeros_like(keys)
+            shape = (len(kept), k0.shape[0], max(64, 2 * width), k0.shape[-1])  # (B, heads, capacity, head_dim)
+            keys, values = k0.new_empty(shape), k0.new_empty(shape)
+            keys[:, :, :width], values[:, :, :width] = 0, 0  # masked columns, but finite
             for i, (r, m) in enumerate(kept):
                 if m:
                     keys[i, :, :m], values[i, :, :m] = (t[:, :m] for t in self.prefixes.kv[r][layer])
-            self.cache.update(keys, values, layer)
+            self.cache.adopt(layer, keys, values, width)
 
     def _select(self, rows: torch.Tensor) -> None:
         """Keep (or repeat) internal rows, in this order: cache, mask and per-row state alike."""
@@ -448,10 +478,14 @@ class HFBatch:
         if not gone:
             return
         if self.prefixes is not None and self.prefixes.keep and self.cache.get_seq_length():
-            for i in sorted(gone):
-                cols = torch.tensor(self.cols[i], dtype=torch.long, device=self.device)
-                self.prefixes.add(self.cached[i], [(layer.keys[i][:, cols], layer.values[i][:, cols])
-                                                   for layer in self.cache.layers])
+            order = sorted(gone)  # one gather per layer: each row's cached columns, left-aligned
+            width = max(len(self.cols[i]) for i in order)
+            cols = torch.tensor([self.cols[i] + [0] * (width - len(self.cols[i])) for i in order], device=self.device)
+            picked = torch.tensor(order, device=self.device)[:, None]
+            kv = [(layer.keys[picked, :, cols].transpose(1, 2), layer.values[picked, :, cols].transpose(1, 2))
+                  for layer in self.cache.layers]  # (rows, heads, width, head_dim) each
+            for j, i in enumerate(order):
+                self.prefixes.add(self.cached[i], [(k[j], v[j]) for k, v in kv])
         keep = [i for i in range(len(self.pos)) if i not in gone]
         remap = {old: new for new, old in enumerate(keep)}
         self.index = {r: remap[i] for r, i in self.index.items()}
