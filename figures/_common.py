@@ -54,6 +54,11 @@ def tg_label(df: pd.DataFrame) -> str:
     return f"tg ({span('preset')}, {span('date')})"
 
 
+def trained(df: pd.DataFrame) -> pd.DataFrame:
+    """Training rows only: without `tg mini`'s starting-policy rows (`method` "start")."""
+    return df[df["method"].astype(str) != "start"] if "method" in df else df
+
+
 def final_rows(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """The last evaluation point of each (cell, seed): rows with the largest `step` per `keys + [seed]`.
 

@@ -44,7 +44,7 @@ def load(root: Path) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     mini = c.ours(root, "mini/ablation.csv")
     if mini is None:
         return _with_shape(paper), None
-    mini = c.final_rows(mini.assign(advantage=_advantage(mini)), ["budget", "advantage"])
+    mini = c.final_rows(c.trained(mini).assign(advantage=_advantage(mini)), ["budget", "advantage"])
     gone = mini.get("collapsed", pd.Series(False, index=mini.index)).astype(str).str.lower().isin(["1", "true"])
     keys = ["budget", "advantage", "M", "N", "L"]
     ours = c.seed_stats(mini[~gone], keys, "em_multi").merge(

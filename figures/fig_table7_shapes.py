@@ -31,7 +31,7 @@ def load(root: Path) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     mini = c.ours(root, "mini/shapes.csv")
     if mini is None:
         return paper[KEYS + ["mean", "std", "count"]], None
-    mini = mini.assign(N=mini["N"].fillna(0), L=mini["L"].fillna(0))
+    mini = c.trained(mini).assign(N=mini["N"].fillna(0), L=mini["L"].fillna(0))
     ours = c.seed_stats(mini, KEYS, "em_multi")
     ours = ours.assign(tree=ours["N"] > 0).sort_values(["budget", "tree", "M"], ascending=[True, True, False])
     return paper[KEYS + ["mean", "std", "count"]], ours.assign(label=c.tg_label(mini))
