@@ -3,5 +3,6 @@ one PNG into `figures/` (STYLE.md, principle 11). `python -m figures` redraws th
 figures/README.md for which paper table each one draws and from which files."""
 
 SCRIPTS = ("fig_table1_qa", "fig_table2_web", "fig_table3_budget", "fig_table4_ablation", "fig_table6_granularity",
-           "fig_table7_shapes", "fig_demo", "fig_mini_budget", "fig_mini_ledger", "fig_mini_theory")
+           "fig_table7_shapes", "fig_demo", "fig_mini_budget", "fig_mini_ledger", "fig_mini_sweep",
+           "fig_mini_theory")
 """Every figure script, in the paper's order; `python -m figures` runs each one's `draw`."""

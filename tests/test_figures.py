@@ -84,6 +84,8 @@ def with_ours(tmp_path_factory) -> Path:
                        ratio_err=0.0, grad_scale=2.0, git_sha="s", date="2025-12-01") for s in range(3)]
                  ).to_csv(mini / "theory.csv", index=False)
     pd.DataFrame(_rows(shape, 2, lambda cell, s: 8.0 + s)).to_csv(mini / "shapes.csv", index=False)
+    sweep = pd.DataFrame(_rows(shape, 3, lambda cell, s: 10.0 + cell["N"] + cell["budget"] + s))
+    pd.concat([sweep, start]).to_csv(mini / "sweep.csv", index=False)  # with a starting-policy row to ignore
     abl = [dict(budget=4, advantage=a, M=2, N=2, L=1) for a in ("chain", "intra", "inter", "intra+inter")]
     abl = pd.DataFrame(_rows(abl, 2, lambda cell, s: 12.0 + s))
     abl["collapsed"] = (abl["advantage"] == "intra") & (abl["seed"] == 0)
@@ -203,6 +205,14 @@ def test_ours_ablation_counts_collapsed_seeds(with_ours):
     _, ours = script("fig_table4_ablation").load(with_ours)
     intra = ours.set_index("advantage").loc["intra"]
     assert intra["collapsed"] == 1 and intra["count"] == 1 and intra["mean"] == 13.0
+
+
+def test_ours_sweep_reads_the_last_step_of_training_rows(with_ours):
+    paper, ours = script("fig_mini_sweep").load(with_ours)
+    assert set(paper["hop"]) == {"multi"} and paper.query("budget == 16 and kind == 'chain'")["mean"].item() == 33.9
+    tree4 = ours.query("kind == 'tree' and budget == 4").iloc[0]
+    assert (tree4["mean"], tree4["count"], len(ours)) == (17.0, 3, 4)  # 10 + N + budget + mean seed; no start row
+    assert "tree at ≈4" in texts(script("fig_mini_sweep").draw(with_ours))
 
 
 def test_ours_demo_and_runs(with_ours):
