@@ -432,11 +432,25 @@ def ledger_summary(df: pd.DataFrame) -> pd.DataFrame:
     return g
 
 
-def cell_summary(df: pd.DataFrame) -> pd.DataFrame:
-    """Any training grid: multi-hop EM (mean, sd, seeds) and searches per multi-hop question per (cell, step)."""
+def cell_summary(df: pd.DataFrame, reference: str | None = None) -> pd.DataFrame:
+    """Any training grid, per (cell, step): multi-hop EM (mean, sd, seeds), searches per multi-hop test
+    question, tokens generated per training question; with `reference` (a cell), each cell's EM minus the
+    reference's, paired by seed, its standard error, and the seeds where the cell is ahead."""
     runs = df[df["step"] > 0]
-    return runs.groupby(["cell", "step"], sort=False).agg(
-        em=("em_multi", "mean"), sd=("em_multi", "std"), n=("seed", "nunique"), calls=("calls_multi", "mean")).reset_index()
+    out = runs.groupby(["cell", "step"], sort=False).agg(
+        em=("em_multi", "mean"), sd=("em_multi", "std"), n=("seed", "nunique"), calls=("calls_multi", "mean"),
+        generated=("generated_per_q", "mean")).reset_index()
+    if reference is None:
+        return out
+    ref = runs[runs["cell"] == reference].set_index(["step", "seed"])["em_multi"]
+    diff = runs["em_multi"].to_numpy() - ref.reindex(pd.MultiIndex.from_frame(runs[["step", "seed"]])).to_numpy()
+    paired = runs.assign(diff=diff).dropna(subset=["diff"]).groupby(["cell", "step"], sort=False)["diff"].agg(
+        diff="mean", diff_se=lambda d: d.std() / np.sqrt(len(d)), ahead=lambda d: int((d > 0).sum()), pairs="count")
+    return out.merge(paired.reset_index(), on=["cell", "step"], how="left")
+
+
+REFERENCES = {"shapes": "multi-hop/hard/(4,0,0)", "ablation": "multi-hop/hard/chain"}
+"""The cell each grid's report pairs the others with (the chain of budget 4)."""
 
 
 def _markdown(header: list[str], rows: list[list[str]]) -> str:
@@ -467,6 +481,11 @@ def report(name: str, root: str | Path | None = None) -> str:
                            f"{r.tree_em:.1f} ± {r.tree_sd:.1f} ({r.tree_n:.0f})", f"{r.diff:+.1f} ± {r.diff_se:.1f}",
                            f"{r.tree_wins:.0f}/{r.pairs:.0f}", f"{r.chain_calls:.2f}, {r.tree_calls:.2f}"]
                           for r in budget_summary(df).itertuples()])
-    return _markdown(["cell", "step", "multi-hop EM (mean ± sd)", "seeds", "searches / multi-hop q"],
-                     [[r.cell, str(r.step), f"{r.em:.1f} ± {r.sd:.1f}", str(r.n), f"{r.calls:.2f}"]
-                      for r in cell_summary(df).itertuples()])
+    ref = REFERENCES.get(name)
+    rows = cell_summary(df, ref)
+    paired = [f"{r.diff:+.1f} ± {r.diff_se:.1f} ({r.ahead:.0f}/{r.pairs:.0f} ahead)" if ref and r.cell != ref else ""
+              for r in rows.itertuples()]
+    return _markdown(["cell", "step", "multi-hop EM (mean ± sd)", "seeds", f"- {ref or 'reference'} (paired ± se)",
+                      "searches / multi-hop q", "generated tokens / training q"],
+                     [[r.cell, str(r.step), f"{r.em:.1f} ± {r.sd:.1f}", str(r.n), d, f"{r.calls:.2f}", f"{r.generated:.0f}"]
+                      for r, d in zip(rows.itertuples(), paired)])
