@@ -8,7 +8,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import DynamicCache, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from tg.engine import GrowingCache, HFEngine, PrefixStore, Sampling, StopChecker, grouped_attention
+from tg.engine import HFEngine, Sampling, StopChecker
+from tg.kvcache import GrowingCache, PrefixStore, grouped_attention
 from tg.protocol import STOP_STRINGS
 
 

@@ -231,7 +231,7 @@ def longest_row_tokens(cfg: Config) -> int:
 def rollout_rows(cfg: Config) -> int:
     """Rows of KV the HF engine holds at once: a step's rows (chains: prompts x M; trees: in round l,
     prompts x M x N live branches, each with its own copy of the prefix KV, plus the K/V kept from the
-    prompts x M (1 + (l-1) N) rows they branch from, `tg.engine.PrefixStore`: prompts x M (1 + L N) at
+    prompts x M (1 + (l-1) N) rows they branch from, `tg.kvcache.PrefixStore`: prompts x M (1 + L N) at
     most), or one evaluation batch."""
     t = cfg.tree
     return max(cfg.optim.prompts_per_step * t.M * (1 + t.N * t.L), cfg.eval.batch_size)

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from tg.engine import Engine, PrefillStats, PrefixStore, Sampling
+from tg.engine import Engine, PrefillStats, Sampling
+from tg.kvcache import PrefixStore
 from tg.env import SearchEnv
 from tg.protocol import Step
 

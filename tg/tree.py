@@ -14,7 +14,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from tg.engine import Engine, PrefixStore, Sampling
+from tg.engine import Engine, Sampling
+from tg.kvcache import PrefixStore
 from tg.env import SearchEnv
 from tg.protocol import Step, Trajectory
 from tg.rollout import Start, run_episodes

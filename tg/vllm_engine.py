@@ -58,7 +58,8 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
-from tg.engine import GenOut, PrefillStats, PrefixStore, Sampling, StopChecker
+from tg.engine import GenOut, PrefillStats, Sampling, StopChecker
+from tg.kvcache import PrefixStore
 from tg.protocol import STOP_STRINGS
 
 log = logging.getLogger(__name__)
