@@ -5,6 +5,7 @@ Where the paper lives in the code (two files hold the algorithm: `tree.py` and `
     protocol.py   the ReAct search protocol, Step / Trajectory records (token ids as sampled)
     env.py        the search tool as an environment: a generated step -> observation ids
     engine.py     batched step generation (transformers), prefix-KV reuse; vllm_engine.py: vLLM
+    kvcache.py    the HF engine's caches: growing K/V buffers, kept rows (PrefixStore), grouped attention
     rollout.py    the multi-turn step loop shared by chains, tree seeds and expansions
     tree.py       initialize-then-expand tree sampling (Algorithm 1), node choice rules
     budget.py     the budget ledger and the paper's chain-equivalent budget

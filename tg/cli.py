@@ -102,7 +102,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--port", type=int, default=8000)
     m = sub.add_parser("mini", help="the paper's claims in miniature: named grids -> results/mini/<name>.csv")
     m.add_argument("action", choices=("list", "run", "report"))
-    m.add_argument("experiment", nargs="?", help="budget, ledger, theory (see `tg mini list`)")
+    m.add_argument("experiment", nargs="?", help="budget, ledger, theory, shapes, ablation, sweep (see `tg mini list`)")
     m.add_argument("--workers", type=int, default=2, help="processes, one torch thread each (default 2 = 2 cores)")
     return ap
 
@@ -139,7 +139,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             mini.run_experiment(args.experiment, workers=args.workers)
         if args.action == "report":
             for name in [args.experiment] if args.experiment else list(mini.experiments()):
-                print(f"\n## {name}\n\n{mini.report(name)}")
+                try:
+                    print(f"\n## {name}\n\n{mini.report(name)}")
+                except ConfigError as err:  # a grid not run yet: say so, report the others
+                    print(f"\n## {name}\n\nnot run yet: {err}")
         return 0
     cfg = _config(args)
     print(cfg, flush=True)
