@@ -4,7 +4,7 @@ import csv
 
 import pytest
 
-from tg import mini
+from tg import mini, summary
 from tg.budget import matched_chain_group
 from tg.config import ConfigError
 
@@ -82,9 +82,9 @@ def test_budget_summary_pairs_methods_by_seed(tmp_path):
                              em_single=50.0, calls_multi=2.0, calls_single=1.0))
     (tmp_path / "results" / "mini").mkdir(parents=True)
     pd.DataFrame(rows).to_csv(tmp_path / "results" / "mini" / "budget.csv", index=False)
-    table = mini.report("budget", tmp_path)
+    table = summary.report("budget", tmp_path)
     assert "| multi-hop | hard | 60 | 4.0 | 11.0 ± 1.0 (3) | 14.0 ± 2.0 (3) | +3.0 ± 0.6 | 3/3 | 2.00, 2.00 |" in table
-    r = mini.budget_summary(pd.DataFrame(rows)).iloc[0]
+    r = summary.budget_summary(pd.DataFrame(rows)).iloc[0]
     assert (r.start_em, r.chain_em, r.tree_em, r.chain_n, r.tree_n) == (4.0, 11.0, 14.0, 3, 3)
     assert r["diff"] == 3.0 and r.diff_se == pytest.approx(1 / 3 ** 0.5) and (r.tree_wins, r.pairs) == (3, 3)
 
@@ -96,7 +96,7 @@ def test_ledger_summary_compares_each_tree_with_its_budgets_chain():
                             generated_per_traj=40.0, calls_per_traj=2.0, seconds_per_q=0.2),
                        dict(base, M=2, N=2, budget=4.0, trajectories_per_q=6.0, generated_per_q=180.0,
                             generated_per_traj=30.0, calls_per_traj=1.0, seconds_per_q=0.3)])
-    tree = mini.ledger_summary(df).set_index("N").loc[2]
+    tree = summary.ledger_summary(df).set_index("N").loc[2]
     assert (tree.traj_ratio, tree.tokens_per_traj_ratio, tree.calls_per_traj_ratio) == (1.5, 0.75, 0.5)
     assert tree.seconds_per_q_ratio == pytest.approx(1.5)
 
@@ -128,7 +128,7 @@ def test_cell_summary_pairs_each_cell_with_the_reference_by_seed():
     for seed in range(3):
         for cell, em in (("chain", 10.0 + seed), ("(2,2,1)", 12.0 + 2 * seed), ("(1,5,1)", 9.0)):
             rows.append(dict(cell=cell, seed=seed, step=60, em_multi=em, calls_multi=2.0, generated_per_q=100.0))
-    s = mini.cell_summary(pd.DataFrame(rows), reference="chain").set_index("cell")
+    s = summary.cell_summary(pd.DataFrame(rows), reference="chain").set_index("cell")
     assert list(s.index) == ["chain", "(2,2,1)", "(1,5,1)"]                    # no starting-policy row
     assert (s.loc["(2,2,1)", "diff"], s.loc["(2,2,1)", "ahead"], s.loc["(2,2,1)", "pairs"]) == (3.0, 3, 3)
     assert s.loc["(2,2,1)", "diff_se"] == pytest.approx(1 / 3 ** 0.5)

@@ -17,6 +17,7 @@ Where the paper lives in the code (two files hold the algorithm: `tree.py` and `
     config.py     one frozen config, presets, schedules, the one switch (TG_PRESET)
     estimate.py   memory and wall-time arithmetic of a one-GPU run (pure); preflight.py: the checks
     doctor.py     installed versions against the tested matrix
+    mini.py       the paper's claims in miniature: named experiment grids (`tg mini`); summary.py reads them back
 
 Glossary (paper symbol -> config field -> argument):
 

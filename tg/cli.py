@@ -131,7 +131,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         commands.retriever_serve(args.corpus, args.host, args.port)
         return 0
     if args.command == "mini":
-        from tg import mini
+        from tg import mini, summary
         print(mini.describe(args.experiment), flush=True)
         if args.action == "run":
             if not args.experiment:
@@ -140,7 +140,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.action == "report":
             for name in [args.experiment] if args.experiment else list(mini.experiments()):
                 try:
-                    print(f"\n## {name}\n\n{mini.report(name)}")
+                    print(f"\n## {name}\n\n{summary.report(name)}")
                 except ConfigError as err:  # a grid not run yet: say so, report the others
                     print(f"\n## {name}\n\nnot run yet: {err}")
         return 0

@@ -1,0 +1,120 @@
+"""Reading `tg mini`'s CSVs back (results/mini/<experiment>.csv): per-claim summaries over seeds, and
+the markdown tables that results/mini/README.md quotes (`tg mini report`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+
+def load_rows(name: str, root: str | Path | None = None) -> pd.DataFrame:
+    """results/mini/<name>.csv as a DataFrame (ConfigError naming the command when it is missing)."""
+    from tg.config import ConfigError
+    from tg.world import resolve
+    path = (Path(root) if root else resolve(".")) / "results" / "mini" / f"{name}.csv"
+    if not path.exists():
+        raise ConfigError(f"{path} does not exist: run `tg mini run {name}` first")
+    return pd.read_csv(path)
+
+
+def budget_summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (setting, regime): the starting EM, chain and tree EM (mean, std, seeds) at each evaluation step,
+    and the tree - chain difference paired by seed (same seed = same question order) with its standard
+    error. EM is the setting's own (multi-hop EM for multi-hop training, single-hop for single-hop)."""
+    df = df.assign(em=np.where(df["setting"] == "single-hop", df["em_single"], df["em_multi"]),
+                   calls=np.where(df["setting"] == "single-hop", df["calls_single"], df["calls_multi"]))
+    out = []
+    for (setting, regime), d in df.groupby(["setting", "regime"], sort=False):
+        start = d[d["method"] == "start"]
+        for step, s in d[d["method"] != "start"].groupby("step"):
+            wide = s.pivot_table(index="seed", columns="method", values=["em", "calls"])
+            row = {"setting": setting, "regime": regime, "step": int(step),
+                   "start_em": float(start["em"].iloc[0]) if len(start) else float("nan")}
+            for m in ("chain", "tree"):
+                if ("em", m) in wide:
+                    v = wide[("em", m)].dropna()
+                    row.update({f"{m}_em": v.mean(), f"{m}_sd": v.std(), f"{m}_n": len(v),
+                                f"{m}_calls": wide[("calls", m)].mean()})
+            if ("em", "chain") in wide and ("em", "tree") in wide:
+                diff = (wide[("em", "tree")] - wide[("em", "chain")]).dropna()
+                row.update(diff=diff.mean(), diff_se=diff.std() / np.sqrt(len(diff)) if len(diff) > 1 else float("nan"),
+                           tree_wins=int((diff > 0).sum()), pairs=len(diff))
+            out.append(row)
+    return pd.DataFrame(out)
+
+
+def ledger_summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (regime, shape): means over seeds of the ledger, and each tree's ratios to the chain of its
+    matched budget (trajectories, generated tokens per trajectory, searches per trajectory)."""
+    from tg.budget import matched_chain_group
+    cols = ["trajectories_per_q", "generated_per_q", "tool_calls_per_q", "generated_per_traj", "calls_per_traj",
+            "prefill_computed_per_q", "seconds_per_q"]
+    g = df.groupby(["regime", "M", "N", "L", "budget"], sort=False)[cols].mean().reset_index()
+    chains = g[g["N"] == 0].set_index(["regime", "M"])
+    for col, name in (("trajectories_per_q", "traj_ratio"), ("generated_per_traj", "tokens_per_traj_ratio"),
+                      ("calls_per_traj", "calls_per_traj_ratio"), ("generated_per_q", "tokens_per_q_ratio"),
+                      ("seconds_per_q", "seconds_per_q_ratio")):
+        g[name] = [r[col] / chains.loc[(r["regime"], matched_chain_group(r["M"], r["N"], r["L"]) if r["N"] else r["M"]),
+                                       col] for _, r in g.iterrows()]
+    return g
+
+
+def cell_summary(df: pd.DataFrame, reference: str | None = None) -> pd.DataFrame:
+    """Any training grid, per (cell, step): multi-hop EM (mean, sd, seeds), searches per multi-hop test
+    question, tokens generated per training question; with `reference` (a cell), each cell's EM minus the
+    reference's, paired by seed, its standard error, and the seeds where the cell is ahead."""
+    runs = df[df["step"] > 0]
+    out = runs.groupby(["cell", "step"], sort=False).agg(
+        em=("em_multi", "mean"), sd=("em_multi", "std"), n=("seed", "nunique"), calls=("calls_multi", "mean"),
+        generated=("generated_per_q", "mean")).reset_index()
+    if reference is None:
+        return out
+    ref = runs[runs["cell"] == reference].set_index(["step", "seed"])["em_multi"]
+    diff = runs["em_multi"].to_numpy() - ref.reindex(pd.MultiIndex.from_frame(runs[["step", "seed"]])).to_numpy()
+    paired = runs.assign(diff=diff).dropna(subset=["diff"]).groupby(["cell", "step"], sort=False)["diff"].agg(
+        diff="mean", diff_se=lambda d: d.std() / np.sqrt(len(d)), ahead=lambda d: int((d > 0).sum()), pairs="count")
+    return out.merge(paired.reset_index(), on=["cell", "step"], how="left")
+
+
+REFERENCES = {"shapes": "multi-hop/hard/(4,0,0)", "ablation": "multi-hop/hard/chain"}
+"""The cell each grid's report pairs the others with (the chain of budget 4; tg.mini declares the grids)."""
+
+
+def _markdown(header: list[str], rows: list[list[str]]) -> str:
+    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+                     + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def report(name: str, root: str | Path | None = None) -> str:
+    """A markdown table of an experiment's results (what results/mini/README.md quotes)."""
+    df = load_rows(name, root)
+    if name == "theory":
+        worst = df[["intra_err", "dpo_err", "ratio_err"]].max()
+        return (f"{len(df)} random toy trees, p(win) {df.p_win.min():.3f}..{df.p_win.max():.3f}: largest |difference| "
+                f"intra {worst.intra_err:.1e}, DPO {worst.dpo_err:.1e}, ratio {worst.ratio_err:.1e} "
+                f"(gradient norms {df.grad_scale.min():.2f}..{df.grad_scale.max():.2f})")
+    if name == "ledger":
+        return _markdown(["start", "(M,N,L)", "budget", "trajectories/q", "generated/traj", "searches/traj",
+                          "x trajectories", "x generated/traj", "x searches/traj"],
+                         [[r.regime, f"({r.M},{r.N},{r.L})", f"{r.budget:g}", f"{r.trajectories_per_q:.1f}",
+                           f"{r.generated_per_traj:.1f}", f"{r.calls_per_traj:.2f}", f"{r.traj_ratio:.2f}",
+                           f"{r.tokens_per_traj_ratio:.2f}", f"{r.calls_per_traj_ratio:.2f}"]
+                          for r in ledger_summary(df).itertuples()])
+    if name == "budget":
+        return _markdown(["setting", "start", "step", "start EM", "chain EM (mean ± sd, n)", "tree EM (mean ± sd, n)",
+                          "tree - chain (paired, ± se)", "tree wins", "searches/q chain, tree"],
+                         [[r.setting, r.regime, str(r.step), f"{r.start_em:.1f}",
+                           f"{r.chain_em:.1f} ± {r.chain_sd:.1f} ({r.chain_n:.0f})",
+                           f"{r.tree_em:.1f} ± {r.tree_sd:.1f} ({r.tree_n:.0f})", f"{r.diff:+.1f} ± {r.diff_se:.1f}",
+                           f"{r.tree_wins:.0f}/{r.pairs:.0f}", f"{r.chain_calls:.2f}, {r.tree_calls:.2f}"]
+                          for r in budget_summary(df).itertuples()])
+    ref = REFERENCES.get(name)
+    rows = cell_summary(df, ref)
+    paired = [f"{r.diff:+.1f} ± {r.diff_se:.1f} ({r.ahead:.0f}/{r.pairs:.0f} ahead)" if ref and r.cell != ref else ""
+              for r in rows.itertuples()]
+    return _markdown(["cell", "step", "multi-hop EM (mean ± sd)", "seeds", f"- {ref or 'reference'} (paired ± se)",
+                      "searches / multi-hop q", "generated tokens / training q"],
+                     [[r.cell, str(r.step), f"{r.em:.1f} ± {r.sd:.1f}", str(r.n), d, f"{r.calls:.2f}", f"{r.generated:.0f}"]
+                      for r, d in zip(rows.itertuples(), paired)])
