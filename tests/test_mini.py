@@ -113,6 +113,7 @@ def test_rows_of_identical_configurations_are_copied_not_retrained(tmp_path):
     rows = [dict(cell=tree.name, seed=s, step=p, method="tree", em_multi=10 + s,
                  config_hash=mini.cell_config(tree, s).hash()) for s in (0, 1) for p in (30, 60)]
     mini.append_rows(mini_dir / "budget.csv", rows)
+    mini.append_rows(mini_dir / "ablation.csv", [dict(rows[0], em_multi="", generated_per_q=30)])  # not evaluated
     path = mini_dir / "shapes.csv"
     copied = mini.reuse_rows([same, other], path)
     assert [(r["cell"], r["seed"], r["step"], r["em_multi"]) for r in _rows(path)] == [

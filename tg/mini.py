@@ -163,13 +163,13 @@ def pending_jobs(experiment: str, cells: list[Cell], path: Path) -> list[Job]:
 
 def reuse_rows(cells: list[Cell], path: Path) -> list[dict]:
     """Copy into `path` the missing (cell, seed, point) rows whose configuration (config hash, hence seed
-    too) another experiment's CSV beside it already has: the same run, not re-trained. Each copy keeps its
+    too) another experiment's CSV beside it has evaluated: the same run, not re-trained. Each copy keeps its
     measurements and provenance, takes this cell's name and labels, and names its source in `reused_from`."""
     found: dict[tuple[str, str], dict] = {}
     for other in sorted(path.parent.glob("*.csv")):
         if other != path:
             for r in csv.DictReader(other.open()):
-                if r.get("config_hash"):
+                if r.get("config_hash") and r.get("em_multi"):  # evaluated rows only (not ledger rows)
                     found.setdefault((r["config_hash"], r["step"]), {**r, "reused_from": r.get("reused_from") or other.stem})
     done, rows = done_keys(path), []
     for c in cells:
