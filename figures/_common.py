@@ -78,6 +78,12 @@ def seed_stats(df: pd.DataFrame, keys: list[str], value: str) -> pd.DataFrame:
     return out
 
 
+def seed_count(counts: pd.Series) -> str:
+    """'5' when every cell has as many seeds, else the range: '3-5'."""
+    lo, hi = int(counts.min()), int(counts.max())
+    return f"{lo}" if lo == hi else f"{lo}-{hi}"
+
+
 def shape(m: float, n: float, l: float) -> str:
     """'(M,N,L)' with integers; a chain (N and L empty or 0) reads '(M,0,0)'."""
     n, l = (0 if pd.isna(v) else v for v in (n, l))

@@ -55,10 +55,8 @@ def draw(root: Path):
     else:
         panel(right, ours)
         _quarter(right, ours)
-        n = sorted({int(k) for k in ours["count"]})
-        seeds = f"{n[0]}" if len(n) == 1 else f"{n[0]}-{n[-1]}"
         right.set_title(f"{ours['label'].iloc[0]} miniature, hard start: multi-hop EM,\nmean ± std (band) over "
-                        f"{seeds} seeds", fontsize=9)
+                        f"{c.seed_count(ours['count'])} seeds", fontsize=9)
         right.legend(fontsize=7.5, loc="lower right")
     for ax in (left, right):
         ax.set_xlabel("budget (chain-equivalent trajectories per prompt)")

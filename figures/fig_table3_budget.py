@@ -103,8 +103,7 @@ def draw(root: Path):
                 c.note(ax[f"t{hop}"], f"tg miniature: no {hop}-hop rows yet")
                 continue
             panel(ax[f"t{hop}"], s)
-            seeds = f"{s['count'].min()}" if s["count"].nunique() == 1 else f"{s['count'].min()}-{s['count'].max()}"
-            ax[f"t{hop}"].set_title(f"{s['label'].iloc[0]} miniature: {hop}-hop EM,\nmean ± std (band) over {seeds} seeds",
+            ax[f"t{hop}"].set_title(f"{s['label'].iloc[0]} miniature: {hop}-hop EM,\nmean ± std (band) over {c.seed_count(s['count'])} seeds",
                                     fontsize=9)
     ax["psingle"].set_xlabel("budget (chain-equivalent trajectories per prompt)")
     ax["pmulti"].legend(fontsize=7.5, loc="lower right")
