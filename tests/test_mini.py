@@ -134,3 +134,21 @@ def test_cell_summary_pairs_each_cell_with_the_reference_by_seed():
     assert (s.loc["(2,2,1)", "diff"], s.loc["(2,2,1)", "ahead"], s.loc["(2,2,1)", "pairs"]) == (3.0, 3, 3)
     assert s.loc["(2,2,1)", "diff_se"] == pytest.approx(1 / 3 ** 0.5)
     assert (s.loc["(1,5,1)", "diff"], s.loc["(1,5,1)", "ahead"]) == (-2.0, 0) and s.loc["chain", "diff"] == 0.0
+
+
+def test_sweep_report_pairs_each_tree_with_the_chain_of_its_budget_and_the_quarter_budget(tmp_path):
+    import pandas as pd
+    p = "multi-hop/hard/"
+    em = {"chain-2": 5.0, "chain-4": 10.0, "chain-8": 12.0, "chain-16": 14.0,
+          "tree (1,2,1)": 6.0, "tree (2,2,1)": 15.0, "tree (4,2,1)": 13.0, "tree (8,2,1)": 13.0}
+    rows = [dict(cell=p + c, seed=s, step=60, em_multi=v + s, calls_multi=2.0, generated_per_q=100.0)
+            for c, v in em.items() for s in range(2)]
+    s = summary.cell_summary(pd.DataFrame(rows), summary.REFERENCES["sweep"]).set_index("cell")
+    assert [s.loc[p + f"tree ({g // 2},2,1)", "diff"] for g in (2, 4, 8, 16)] == [1.0, 5.0, 1.0, -1.0]
+    assert s.loc[p + "chain-4", "diff"] != s.loc[p + "chain-4", "diff"]          # chains are references, not paired
+    (tmp_path / "results" / "mini").mkdir(parents=True)
+    pd.DataFrame(rows).to_csv(tmp_path / "results" / "mini" / "sweep.csv", index=False)
+    text = summary.report("sweep", tmp_path)
+    quarter = text.split("Quarter budget")[1]
+    assert "| multi-hop/hard/tree (2,2,1) | 60 | 15.5 ± 0.7 | 2 | +1.0 ± 0.0 (2/2 ahead) |" in quarter
+    assert "+5.0 ± 0.0 (2/2 ahead)" in text.split("Quarter budget")[0]

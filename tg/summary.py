@@ -4,6 +4,7 @@ the markdown tables that results/mini/README.md quotes (`tg mini report`)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 import pandas as pd
@@ -61,25 +62,34 @@ def ledger_summary(df: pd.DataFrame) -> pd.DataFrame:
     return g
 
 
-def cell_summary(df: pd.DataFrame, reference: str | None = None) -> pd.DataFrame:
+def cell_summary(df: pd.DataFrame, reference: str | Mapping[str, str] | None = None) -> pd.DataFrame:
     """Any training grid, per (cell, step): multi-hop EM (mean, sd, seeds), searches per multi-hop test
-    question, tokens generated per training question; with `reference` (a cell), each cell's EM minus the
-    reference's, paired by seed, its standard error, and the seeds where the cell is ahead."""
+    question, tokens generated per training question; with `reference` (one cell for all, or a cell per
+    cell), each cell's EM minus its reference's, paired by seed, its standard error, and the seeds where
+    the cell is ahead (cells a mapping leaves out are not paired)."""
     runs = df[df["step"] > 0]
     out = runs.groupby(["cell", "step"], sort=False).agg(
         em=("em_multi", "mean"), sd=("em_multi", "std"), n=("seed", "nunique"), calls=("calls_multi", "mean"),
         generated=("generated_per_q", "mean")).reset_index()
     if reference is None:
         return out
-    ref = runs[runs["cell"] == reference].set_index(["step", "seed"])["em_multi"]
-    diff = runs["em_multi"].to_numpy() - ref.reindex(pd.MultiIndex.from_frame(runs[["step", "seed"]])).to_numpy()
+    ref_cell = runs["cell"].map(reference) if isinstance(reference, Mapping) else pd.Series(reference, runs.index)
+    em = runs.set_index(["cell", "step", "seed"])["em_multi"]
+    diff = runs["em_multi"].to_numpy() - em.reindex(pd.MultiIndex.from_arrays(
+        [ref_cell, runs["step"], runs["seed"]])).to_numpy()
     paired = runs.assign(diff=diff).dropna(subset=["diff"]).groupby(["cell", "step"], sort=False)["diff"].agg(
         diff="mean", diff_se=lambda d: d.std() / np.sqrt(len(d)), ahead=lambda d: int((d > 0).sum()), pairs="count")
     return out.merge(paired.reset_index(), on=["cell", "step"], how="left")
 
 
-REFERENCES = {"shapes": "multi-hop/hard/(4,0,0)", "ablation": "multi-hop/hard/chain"}
-"""The cell each grid's report pairs the others with (the chain of budget 4; tg.mini declares the grids)."""
+_SWEEP = "multi-hop/hard/"
+REFERENCES: dict[str, str | dict[str, str]] = {
+    "shapes": "multi-hop/hard/(4,0,0)", "ablation": "multi-hop/hard/chain",
+    "sweep": {f"{_SWEEP}tree ({g // 2},2,1)": f"{_SWEEP}chain-{g}" for g in (2, 4, 8, 16)}}
+"""The cell each grid's report pairs the others with: the chain of budget 4, or (sweep) each tree's chain of
+its budget (tg.mini declares the grids)."""
+QUARTER_BUDGET = {f"{_SWEEP}tree (2,2,1)": f"{_SWEEP}chain-16"}
+"""Claim 3's "quarter budget": the tree at budget 4 against the chain at 16 (sweep)."""
 
 
 def _markdown(header: list[str], rows: list[list[str]]) -> str:
@@ -110,11 +120,20 @@ def report(name: str, root: str | Path | None = None) -> str:
                            f"{r.tree_em:.1f} ± {r.tree_sd:.1f} ({r.tree_n:.0f})", f"{r.diff:+.1f} ± {r.diff_se:.1f}",
                            f"{r.tree_wins:.0f}/{r.pairs:.0f}", f"{r.chain_calls:.2f}, {r.tree_calls:.2f}"]
                           for r in budget_summary(df).itertuples()])
-    ref = REFERENCES.get(name)
+    table = _cell_table(df, REFERENCES.get(name))
+    if name != "sweep":
+        return table
+    quarter = _cell_table(df, QUARTER_BUDGET, cells=list(QUARTER_BUDGET))
+    return f"{table}\n\nQuarter budget (claim 3): the tree at budget 4 against the chain at 16\n\n{quarter}"
+
+
+def _cell_table(df: pd.DataFrame, ref: str | Mapping[str, str] | None, cells: list[str] | None = None) -> str:
     rows = cell_summary(df, ref)
-    paired = [f"{r.diff:+.1f} ± {r.diff_se:.1f} ({r.ahead:.0f}/{r.pairs:.0f} ahead)" if ref and r.cell != ref else ""
-              for r in rows.itertuples()]
-    return _markdown(["cell", "step", "multi-hop EM (mean ± sd)", "seeds", f"- {ref or 'reference'} (paired ± se)",
+    rows = rows[rows["cell"].isin(cells)] if cells else rows
+    against = "the chain of its budget" if isinstance(ref, Mapping) else (ref or "reference")
+    paired = [f"{r.diff:+.1f} ± {r.diff_se:.1f} ({r.ahead:.0f}/{r.pairs:.0f} ahead)" if pd.notna(r.diff) and r.cell != ref
+              else "" for r in rows.itertuples()] if ref else [""] * len(rows)
+    return _markdown(["cell", "step", "multi-hop EM (mean ± sd)", "seeds", f"- {against} (paired ± se)",
                       "searches / multi-hop q", "generated tokens / training q"],
                      [[r.cell, str(r.step), f"{r.em:.1f} ± {r.sd:.1f}", str(r.n), d, f"{r.calls:.2f}", f"{r.generated:.0f}"]
                       for r, d in zip(rows.itertuples(), paired)])
