@@ -49,7 +49,8 @@ print(format_report([longest]))
 torch.cuda.reset_peak_memory_stats()
 for row in run.trainer.fit(progress=False):
     print(f"step {row['step']}: rollout {row['rollout_s']:.1f} s, update {row['update_s']:.1f} s, "
-          f"reward {row['reward']:.3f}, trajectories/question {row['trajectories']:.0f}")
+          f"reward {row['reward']:.3f}, trajectories/question {row['trajectories']:.0f}"
+          + (f", vLLM sync max |d logprob| {row['sync_maxdiff']:.3g}" if "sync_maxdiff" in row else ""))
 result = evaluate_model(run.trainer.policy.model, run.tokenizer, run.resources, cfg, progress=False)
 print("greedy EM:", {k: round(v, 3) for k, v in result.by_source().items()})
 print(f"peak GPU memory ({engine}): {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB allocated, "

@@ -102,7 +102,7 @@ def test_preflight_on_cpu_names_each_failing_check_and_its_fix(capsys, tmp_path)
     failed = out.splitlines()[-1]
     assert failed.startswith("FAILED:") and all(n in failed for n in ("cuda", "model", "data", "retriever"))
     assert "fix: tg data prepare --setting multi-hop" in out and "tg retriever serve" in out
-    assert "huggingface-cli download Qwen/Qwen2.5-1.5B" in out and "agent.engine=vllm" in out
+    assert "hf download Qwen/Qwen2.5-1.5B" in out and "agent.engine=vllm" in out
 
 
 def test_preflight_passes_for_the_cpu_preset(capsys):

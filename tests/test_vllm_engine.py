@@ -289,3 +289,31 @@ def test_trainer_rolls_out_with_vllm_and_syncs_every_step(engine, policy, cfg, t
     rows = tr.fit(progress=False)
     assert len(rows) == 2 and all(r["sync_maxdiff"] < 1e-3 for r in rows)
     assert all(r["prefill_saved"] > 0 for r in rows)  # vLLM's own cached-token counts
+
+
+def test_qlora_trainer_is_served_its_dequantized_base(engine, policy, cfg, train_questions, tmp_path):
+    """QLoRA with vLLM rollouts: vLLM has no bitsandbytes and loads the unquantized checkpoint, which is not
+    the trainer's policy (max |d logprob| far past the tolerance); the trainer's first sync loads the NF4
+    base, dequantized, and from then on the served policy matches the trainer's as closely as in fp32."""
+    from tg.finetune import dequantized_base, trainable_policy
+    from tg.trainer import Trainer
+    from tg.vllm_engine import SYNC_TOL
+    _, tok, env, prompts, path = policy
+    c = cfg.replace(model=dict(finetune="qlora", lora_r=4, lora_alpha=8, hidden_size=64, num_layers=2, num_heads=2,
+                               num_kv_heads=1, intermediate_size=128),
+                    agent=dict(max_turns=2, max_step_tokens=16, engine="vllm"),
+                    optim=dict(steps=2, prompts_per_step=2, mini_batch_prompts=2, micro_batch_rows=4, lr=1e-2))
+    torch.manual_seed(0)
+    qlora = trainable_policy(path, c.model, torch.device("cpu"))
+    base = dequantized_base(qlora.model)
+    assert len(base) == 2 * 7 and all(".base_layer" not in k for k in base)   # 7 linear layers per block
+    fresh = VLLMEngine(path, tok, lora=True, max_lora_rank=8, kv_cache_space_gib=0.25, max_model_len=1024)
+    try:
+        fresh.load_adapter(qlora.model)                       # the adapter alone, over the unquantized base
+        probe = prompts[1]
+        with pytest.raises(PolicySyncError):
+            fresh.check_sync(probe, probe_logprobs(qlora.model, probe))
+        rows = Trainer(c, qlora, tok, env, train_questions, tmp_path, fresh).fit(progress=False)
+        assert len(rows) == 2 and all(r["sync_maxdiff"] < SYNC_TOL["float32"] for r in rows)
+    finally:
+        fresh.close()

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from tg.config import Config, WarmupConfig
+from tg.config import Config, WarmupConfig, load_config
 from tg.data import Question, load_split
 from tg.engine import HFEngine
 from tg.env import SearchEnv
@@ -162,3 +162,11 @@ def test_warmup_quality_band(cfg: Config, warm, world_and_retriever) -> None:
                    [q for q in test if q.data_source == MULTI][:300])
     assert 0.2 < em[SINGLE] < 0.97
     assert 0.0 < em[MULTI] < em[SINGLE] - 0.2
+
+
+def test_how_rl_uses_the_policy_keys_no_separate_warm_up():
+    from tg.pipeline import warmup_config
+    base = warmup_dir(warmup_config(load_config("cpu")))
+    for extra in (["model.finetune=qlora", "model.dtype=bfloat16"], ["model.finetune=lora", "data.setting=single-hop"]):
+        assert warmup_dir(warmup_config(load_config("cpu", *extra))) == base   # gpu_smoke.sh reuses the CPU cache
+    assert warmup_dir(warmup_config(load_config("cpu", "model.hidden_size=64", "model.num_heads=2"))) != base

@@ -245,8 +245,8 @@ def prepare_corpus(out_dir: str | Path, source: str = WIKI18_HUB) -> Path:
             local = Path(hf_hub_download(source, "wiki-18.jsonl.gz", repo_type="dataset", local_dir=str(out_dir)))
         except (OSError, ValueError) as e:
             raise DataError(f"could not download wiki-18.jsonl.gz from the hub dataset {source!r} "
-                            f"({type(e).__name__}: {e}). Where the hub is reachable run `huggingface-cli download "
-                            f"{source} --repo-type dataset`, copy wiki-18.jsonl.gz here and pass "
+                            f"({type(e).__name__}: {e}). Where the hub is reachable run `hf download "
+                            f"{source} wiki-18.jsonl.gz --repo-type dataset`, copy wiki-18.jsonl.gz here and pass "
                             "--source /path/to/wiki-18.jsonl.gz") from e
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".jsonl.tmp")

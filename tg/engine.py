@@ -78,8 +78,8 @@ class Engine(Protocol):
              prefixes: PrefixStore | None = None) -> EngineBatch: ...
 
     def sync(self, model: Any, probe_ids: Sequence[int] | None = None) -> float | None:
-        """Serve the trainer's current weights (after each optimiser step); with a probe, check that the
-        engine's log-probs of it match the trainer's and return the max |difference|."""
+        """Serve the trainer's current weights (before the first rollout and after each optimiser step); with a probe,
+        check that the engine's log-probs of it match the trainer's and return the max |difference|."""
 
 
 # ---------------------------------------------------------------------------------------------

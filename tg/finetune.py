@@ -65,6 +65,20 @@ class TrainablePolicy:
             set_peft_model_state_dict(self.model, state)
 
 
+def dequantized_base(model: Any) -> dict[str, torch.Tensor]:
+    """`model`'s 4-bit (QLoRA) base weights, dequantized as its layers compute with them, by checkpoint name.
+
+    What a separate rollout engine must serve beneath the adapter: the checkpoint on disk holds the weights
+    before NF4 rounding, which are not the trainer's policy. Empty when no layer is 4-bit."""
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        return {}
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return {f"{name.replace('.base_layer', '')}.weight": bnb.functional.dequantize_4bit(m.weight.data, m.weight.quant_state)
+            for name, m in base.named_modules() if isinstance(m, bnb.nn.Linear4bit)}
+
+
 def _load_base(path: str | Path, cfg: ModelConfig, device: torch.device) -> Any:
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
     dtype = torch_dtype(cfg, device)

@@ -76,6 +76,19 @@ def _retriever(cfg: Config, data_dir: Path) -> Any:
     return CachedRetriever(bm25_for(corpus))
 
 
+def warmup_config(cfg: Config) -> Config:
+    """The config that keys the tiny policy's warm-up: `cfg` less what RL does with the warmed-up model.
+
+    The warm-up trains the whole float32 base model on both question kinds, so how RL later fine-tunes it
+    (full / LoRA / QLoRA), the dtype it is loaded in and the setting it trains on key no separate warm-up
+    (a bf16 QLoRA smoke run on a GPU reuses the CPU machine's cache)."""
+    d = ModelConfig()
+    return cfg.replace(model=dict(finetune=d.finetune, dtype=d.dtype, lora_r=d.lora_r, lora_alpha=d.lora_alpha,
+                                  lora_dropout=d.lora_dropout, lora_targets=d.lora_targets,
+                                  gradient_checkpointing=d.gradient_checkpointing),
+                       data=dict(setting=DataConfig().setting))
+
+
 def _policy_path(cfg: Config) -> str:
     if cfg.model.name_or_path != "tiny":
         return cfg.model.name_or_path
@@ -83,14 +96,7 @@ def _policy_path(cfg: Config) -> str:
         raise ConfigError("model.name_or_path = 'tiny' needs warmup.enabled = true (a random tiny model "
                           "cannot follow the protocol)")
     from tg.warmup import warmed_up_policy
-    # the warm-up trains the whole base model on both question kinds: how RL later fine-tunes it (full /
-    # LoRA / QLoRA) and which setting it trains on must not key a separate warm-up
-    d = ModelConfig()
-    base = cfg.replace(model=dict(finetune=d.finetune, lora_r=d.lora_r, lora_alpha=d.lora_alpha,
-                                  lora_dropout=d.lora_dropout, lora_targets=d.lora_targets,
-                                  gradient_checkpointing=d.gradient_checkpointing),
-                       data=dict(setting=DataConfig().setting))
-    return str(warmed_up_policy(base))
+    return str(warmed_up_policy(warmup_config(cfg)))
 
 
 def load_resources(cfg: Config) -> Resources:

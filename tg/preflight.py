@@ -123,7 +123,7 @@ def check_model(cfg: Config) -> tuple[Check, ModelShape | None]:
     if found:
         return Check("model", "ok", f"{m.name_or_path} at {Path(found).parent}"), shape_from_config_json(found)
     known = QWEN2_5_1_5B if "qwen2.5-1.5b" in m.name_or_path.lower() else None
-    fix = (f"`huggingface-cli download {m.name_or_path}` where the hub is reachable (then copy its cache), or "
+    fix = (f"`hf download {m.name_or_path}` where the hub is reachable (then copy its cache), or "
            "set model.name_or_path=/path/to/local/dir")
     if os.environ.get("HF_HUB_OFFLINE"):
         return Check("model", "FAIL", f"{m.name_or_path}: not in the hub cache and HF_HUB_OFFLINE is set", fix), known

@@ -325,6 +325,7 @@ class Trainer:
             _set_seed(self.cfg.optim.seed)
         kept = [json.loads(x) for x in metrics_path.read_text().splitlines()] if metrics_path.exists() and resume else []
         kept = [r for r in kept if r["step"] <= self.step_done]
+        self.engine.sync(self.policy.model, self.probe)  # a separate engine serves the (resumed) policy from step one
         metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
         every = self.cfg.optim.checkpoint_every
         bar = tqdm(total=total, initial=self.step_done, desc="train", disable=not progress)

@@ -36,7 +36,9 @@ How it maps the interface onto vLLM:
 6. Policy sync: LoRA adapters load under a new `lora_int_id` per version (reusing an id after
    overwriting the files serves the OLD weights, silently); full weights reload in place
    (`reload_weights`). Both reset the prefix cache. vLLM serves LoRA only on the decoder's linear
-   layers: an adapter on `lm_head` or the embeddings is refused with a message.
+   layers: an adapter on `lm_head` or the embeddings is refused with a message. QLoRA: vLLM 0.32 has no
+   bitsandbytes; the trainer's NF4 base, dequantized, is loaded in place of model_dir's weights at the first
+   sync (the trainer syncs before its first rollout too), so the adapter sits on the base it was trained on.
 7. In-process start-up (multiprocessing=False) works around two process-wide effects of vLLM 0.32's
    CPU worker: it crashes scanning llvmlite's module (imported via bm25s -> numba), and it replaces
    `torch.set_num_threads` with a no-op; see `_modules_hidden_from_vllm_scan` and `__init__`.
@@ -59,6 +61,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 
 from tg.engine import GenOut, PrefillStats, Sampling, StopChecker
+from tg.finetune import dequantized_base
 from tg.kvcache import PrefixStore
 from tg.protocol import STOP_STRINGS
 
@@ -66,6 +69,11 @@ log = logging.getLogger(__name__)
 
 CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """Head sizes vLLM's CPU attention kernels support (0.32: CPUAttentionBackend.get_supported_head_sizes)."""
+SYNC_TOL = {"float32": 1e-3, "bfloat16": 0.25}
+"""Default `check_sync` tolerance by the engine's dtype. fp32 agrees to ~1e-6 on CPU (tests). bf16 is a guess
+(not measured: no GPU so far): two bf16 implementations' log-probs differ by ~1e-2 per token, so a max over a
+probe of ~100 tokens can reach ~0.1; what it still catches is a wrong base or an adapter not served.
+scripts/gpu_smoke.sh prints the measured `sync_maxdiff`."""
 LORA_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """Qwen2 modules vLLM can serve LoRA on."""
 
@@ -187,8 +195,9 @@ class VLLMEngine:
         if (Path(model_dir) / "config.json").exists():  # else vLLM retries to read it there for 2 s
             shutil.copy(Path(model_dir) / "config.json", self._dir / "tokenizer")
         self._check_model(Path(model_dir), block_size)
+        self.dtype = self._dtype(dtype)
         kw: dict[str, Any] = dict(
-            tokenizer=str(self._dir / "tokenizer"), dtype=self._dtype(dtype), seed=seed, block_size=block_size,
+            tokenizer=str(self._dir / "tokenizer"), dtype=self.dtype, seed=seed, block_size=block_size,
             enable_prefix_caching=True, enforce_eager=enforce_eager, max_model_len=max_model_len,
             logprobs_mode="raw_logprobs",
             generation_config="vllm")  # no sampling defaults from generation_config.json: ours are explicit
@@ -220,6 +229,8 @@ class VLLMEngine:
         """The adapter every request uses (None = the base weights)."""
         self.version = 0
         """Policy version: bumped by every load_adapter / load_weights."""
+        self._base_served = False
+        """lora=True: whether `sync` has loaded the trainer's base (a QLoRA model's differs from model_dir's)."""
 
     def _dtype(self, dtype: str) -> str:
         return ("float32" if self.on_cpu else "bfloat16") if dtype == "auto" else dtype
@@ -345,10 +356,18 @@ class VLLMEngine:
         self.reset_prefix_cache()
         return self.version
 
-    def sync(self, model: torch.nn.Module, probe_ids: Sequence[int] | None = None, tol: float = 1e-3) -> float | None:
-        """After an optimiser step: serve `model` (its adapter if lora=True, else its full weights),
-        then, given a probe, `check_sync` it against `model` and return the max |d logprob|."""
+    def sync(self, model: torch.nn.Module, probe_ids: Sequence[int] | None = None, tol: float | None = None
+             ) -> float | None:
+        """Serve `model` (before the first rollout, and after each optimiser step): its adapter if lora=True
+        (over its base as the trainer computes with it: a QLoRA model's dequantized 4-bit weights, loaded
+        the first time), else its full weights; then, given a probe, `check_sync` it against `model` and
+        return the max |d logprob|."""
         if self.lora:
+            if not self._base_served:
+                base = dequantized_base(model)
+                if base:
+                    self.load_weights(base)
+                self._base_served = True
             self.load_adapter(model)
         else:
             self.load_weights(model.state_dict())
@@ -367,12 +386,14 @@ class VLLMEngine:
         out = self.run([ids], [SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)])[0]
         return [out.prompt_logprobs[i][t].logprob for i, t in enumerate(ids) if i > 0]
 
-    def check_sync(self, probe_ids: Sequence[int], expected_logprobs: Sequence[float], tol: float = 1e-3) -> float:
+    def check_sync(self, probe_ids: Sequence[int], expected_logprobs: Sequence[float], tol: float | None = None
+                   ) -> float:
         """Max |log-prob difference| between the served policy and the trainer's on a fixed probe.
 
         expected_logprobs: the trainer's log p(probe_ids[i] | probe_ids[:i]), i >= 1 (see `probe_logprobs`).
-        Raises PolicySyncError past `tol` (fp32 on CPU agrees to ~1e-6; bf16 needs a looser tol).
+        Raises PolicySyncError past `tol`; None: `SYNC_TOL` of the engine's dtype (fp32 on CPU agrees to ~1e-6).
         """
+        tol = SYNC_TOL[self.dtype] if tol is None else tol
         got = self.prompt_logprobs(probe_ids)
         if len(got) != len(expected_logprobs):
             raise ValueError(f"expected_logprobs has {len(expected_logprobs)} values; the probe needs {len(got)}")
