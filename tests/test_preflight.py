@@ -70,6 +70,16 @@ def test_memory_estimate_of_the_paper_preset():
     assert largest_fitting(8, lambda r: r * 10 <= 35) == 3 and largest_fitting(8, lambda r: False) == 0
 
 
+def test_memory_check_counts_the_rows_vllm_can_hold():
+    cfg = load_config("paper-1.5b-multi-hop", "agent.engine=vllm")
+    ok = preflight.check_memory(cfg, S, 80 * GIB)
+    assert ok.status == "ok" and f"~1,315,386 tokens = {1_315_386 // 4096} full-context rows" in ok.detail  # 321
+    # 24 GB at 0.1: 2.4 GiB < the bf16 weights (3.1 GB) + 2 GiB: no KV at all, so vLLM would refuse to start
+    tight = preflight.check_memory(cfg.with_overrides("agent.vllm_gpu_memory_utilization=0.1"), S, 24 * GIB)
+    assert tight.status == "FAIL" and "~0 tokens" in tight.detail
+    assert "raise agent.vllm_gpu_memory_utilization (now 0.1)" in tight.fix
+
+
 def test_wall_time_by_hand():
     w = workload(load_config("paper-1.5b-multi-hop"))
     assert (w.prompts_per_step, w.chains_per_prompt, w.rows_per_prompt, w.frozen_passes) == (512, 4.0, 6, 2)

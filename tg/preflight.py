@@ -22,7 +22,7 @@ from typing import Any
 
 from tg.config import Config
 from tg.estimate import (GIB, QWEN2_5_1_5B, ModelShape, largest_fitting, memory_estimate, run_seconds,
-                         step_seconds, workload)
+                         step_seconds, vllm_kv_tokens, workload)
 
 REFERENCE_GPU_GIB = 80
 """GPU size the memory estimate is shown against when no GPU is present."""
@@ -180,6 +180,15 @@ def check_memory(cfg: Config, shape: ModelShape | None, memory: int | None) -> C
     est = memory_estimate(shape, cfg, gpu)
     parts = ", ".join(f"{k} {v:.1f}" for k, v in est.parts_gib().items() if v)
     detail = f"estimate (GiB, upper bound): {parts} vs {gpu / GIB:.0f} GiB" + ("" if memory else " (no GPU: reference)")
+    if cfg.agent.engine == "vllm":  # vLLM schedules rows into its KV cache; one full-context row must fit
+        a = cfg.agent
+        kv = vllm_kv_tokens(shape, gpu, a.vllm_gpu_memory_utilization)
+        detail += f"; vLLM KV cache ~{kv:,} tokens = {kv // a.max_context_tokens} full-context rows at once"
+        if kv < a.max_context_tokens:
+            return Check("memory", "FAIL" if memory else "warn", detail, required=memory is not None,
+                         fix=f"vLLM cannot hold one {a.max_context_tokens}-token row: raise "
+                             f"agent.vllm_gpu_memory_utilization (now {a.vllm_gpu_memory_utilization}) or lower "
+                             "agent.max_context_tokens")
     if est.total <= gpu:
         return Check("memory", "ok", detail)
     return Check("memory", "FAIL" if memory else "warn", detail, fix=_memory_fix(cfg, shape, gpu),
