@@ -68,10 +68,14 @@ def policy(random_policy, make_env, train_questions, tmp_path_factory):
     return model, tok, env, [prompt_ids(tok, q.question) for q in qs], path
 
 
+def _lora_engine(path, tok) -> VLLMEngine:
+    return VLLMEngine(path, tok, lora=True, max_lora_rank=8, kv_cache_space_gib=0.25, max_model_len=1024)
+
+
 @pytest.fixture(scope="module")
 def engine(policy):
     _, tok, _, _, path = policy
-    eng = VLLMEngine(path, tok, lora=True, max_lora_rank=8, kv_cache_space_gib=0.25, max_model_len=1024)
+    eng = _lora_engine(path, tok)
     yield eng
     eng.close()
 
@@ -274,16 +278,21 @@ def test_setup_errors_name_the_setting(policy, tmp_path):
         VLLMEngine(save_policy(narrow, tok, tmp_path / "narrow"), tok)
 
 
+def _two_steps(cfg, finetune: str):
+    """Two tiny Tree-GRPO steps with vLLM rollouts, the adapter of rank 4 on the TINY policy."""
+    return cfg.replace(model=dict(finetune=finetune, lora_r=4, lora_alpha=8, hidden_size=64, num_layers=2,
+                                  num_heads=2, num_kv_heads=1, intermediate_size=128),
+                       agent=dict(max_turns=2, max_step_tokens=16, engine="vllm"),
+                       optim=dict(steps=2, prompts_per_step=2, mini_batch_prompts=2, micro_batch_rows=4, lr=1e-2))
+
+
 def test_trainer_rolls_out_with_vllm_and_syncs_every_step(engine, policy, cfg, train_questions, tmp_path):
     """Two Tree-GRPO steps with vLLM rollouts: after each update the adapter is re-served under a new
     id and a probe's log-probs match the trainer's (the `sync_maxdiff` metric)."""
     from tg.finetune import trainable_policy
     from tg.trainer import Trainer
     _, tok, env, _, path = policy
-    c = cfg.replace(model=dict(finetune="lora", lora_r=4, lora_alpha=8, hidden_size=64, num_layers=2, num_heads=2,
-                               num_kv_heads=1, intermediate_size=128),
-                    agent=dict(max_turns=2, max_step_tokens=16, engine="vllm"),
-                    optim=dict(steps=2, prompts_per_step=2, mini_batch_prompts=2, micro_batch_rows=4, lr=1e-2))
+    c = _two_steps(cfg, "lora")
     torch.manual_seed(0)
     tr = Trainer(c, trainable_policy(path, c.model, torch.device("cpu")), tok, env, train_questions, tmp_path, engine)
     rows = tr.fit(progress=False)
@@ -299,15 +308,12 @@ def test_qlora_trainer_is_served_its_dequantized_base(engine, policy, cfg, train
     from tg.trainer import Trainer
     from tg.vllm_engine import SYNC_TOL
     _, tok, env, prompts, path = policy
-    c = cfg.replace(model=dict(finetune="qlora", lora_r=4, lora_alpha=8, hidden_size=64, num_layers=2, num_heads=2,
-                               num_kv_heads=1, intermediate_size=128),
-                    agent=dict(max_turns=2, max_step_tokens=16, engine="vllm"),
-                    optim=dict(steps=2, prompts_per_step=2, mini_batch_prompts=2, micro_batch_rows=4, lr=1e-2))
+    c = _two_steps(cfg, "qlora")
     torch.manual_seed(0)
     qlora = trainable_policy(path, c.model, torch.device("cpu"))
     base = dequantized_base(qlora.model)
     assert len(base) == 2 * 7 and all(".base_layer" not in k for k in base)   # 7 linear layers per block
-    fresh = VLLMEngine(path, tok, lora=True, max_lora_rank=8, kv_cache_space_gib=0.25, max_model_len=1024)
+    fresh = _lora_engine(path, tok)
     try:
         fresh.load_adapter(qlora.model)                       # the adapter alone, over the unquantized base
         probe = prompts[1]
