@@ -49,7 +49,8 @@ def vllm_engine(cfg: Config, policy_path: str, tokenizer: Any) -> Any:
     from tg.vllm_engine import VLLMEngine
     return VLLMEngine(policy_path, tokenizer, lora=cfg.model.finetune != "full", max_lora_rank=cfg.model.lora_r,
                       kv_cache_space_gib=cfg.agent.vllm_kv_cache_gib,
-                      gpu_memory_utilization=cfg.agent.vllm_gpu_memory_utilization, seed=cfg.optim.seed)
+                      gpu_memory_utilization=cfg.agent.vllm_gpu_memory_utilization, seed=cfg.optim.seed,
+                      dtype=cfg.model.dtype)  # the trainer's: the sync check compares the two
 
 
 def _setting_of(q: Question) -> str | None:
