@@ -13,8 +13,6 @@ from tg.policy import build_tiny_policy, load_policy, resolve_dtype, save_policy
 from tg.protocol import INVALID_ACTION, PROTOCOL_TAGS, build_prompt, format_observation, parse_action, prompt_ids
 from tg.world import World, build_world
 
-torch.set_num_threads(2)
-
 
 @pytest.fixture(scope="module")
 def world() -> World:

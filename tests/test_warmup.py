@@ -22,8 +22,6 @@ from tg.warmup import (batches, collate, demonstration, lr_factor, masked_lm_los
                        rename, renaming_tables, script, short_prompt_ids, warmed_up_policy, warmup_dir)
 from tg.world import MULTI, SINGLE, ensure_world, load_world
 
-torch.set_num_threads(2)
-
 
 def greedy_em(model: Any, tok: Any, retriever: Any, questions: list[Question], max_turns: int = 3) -> dict[str, float]:
     """Greedy EM per data_source with the kit's evaluator (tg.evaluate), as training will measure it."""
