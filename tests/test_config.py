@@ -79,3 +79,18 @@ def test_eval_points_every_k_steps_and_at_the_end():
     assert OptimConfig(steps=60).eval_points() == [60]
     with pytest.raises(ConfigError, match="optim.eval_every"):
         load_config("cpu", "optim.eval_every=-1")
+
+
+def test_an_added_field_at_its_default_keeps_every_committed_hash():
+    """`optim.pack_trees` came after results/mini was written: at its default it leaves config hashes alone,
+    so `tg mini` still finds (and shares) the committed rows; set, it keys a different run."""
+    import csv
+
+    from tg import mini
+    from tg.world import REPO_ROOT
+    rows = list(csv.DictReader((REPO_ROOT / "results" / "mini" / "shapes.csv").open()))
+    cells = {c.name: c for c in mini.experiments()["shapes"]}
+    for r in rows[:6]:
+        assert mini.cell_config(cells[r["cell"]], int(r["seed"])).hash() == r["config_hash"]
+    c = load_config("cpu")
+    assert c.replace(optim=dict(pack_trees=True)).hash() != c.hash()

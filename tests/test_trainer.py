@@ -103,3 +103,24 @@ def test_one_step_per_finetune_mode_changes_the_trained_weights(cfg, policy_dir,
     assert row["trajectories"] == 4 and 0 <= row["format_valid"] <= 1
     if row["adv_std"] > 0:
         assert any(not torch.equal(before[k], after[k].float()) for k in before)
+
+
+@pytest.mark.parametrize("finetune", ["full", "lora"])
+def test_packed_trees_train_like_rows(cfg, policy_dir, make_env, train_questions, tmp_path, finetune):
+    """optim.pack_trees: the same step (rollout, advantages, loss, update) up to float summation order. The
+    entropy bonus moves the weights even when every leaf of the random policy scores 0."""
+    runs = {}
+    for pack in (False, True):
+        c = _cfg(cfg, finetune=finetune, prompts_per_step=4, mini_batch_prompts=2, micro_batch_rows=5, pack_trees=pack,
+                 entropy_coef=0.01)
+        tr = _trainer(c.replace(tree=dict(M=2, N=2, L=1)), policy_dir, make_env, train_questions, tmp_path / str(pack))
+        before = {k: v.clone().float() for k, v in tr.policy.state_dict().items()}
+        runs[pack] = (tr.step(), {k: v.clone() for k, v in tr.policy.state_dict().items()})
+    (row, weights), (packed_row, packed_weights) = runs[False], runs[True]
+    assert row["trajectories"] == packed_row["trajectories"] == 6
+    assert any(not torch.equal(before[k], w.float()) for k, w in weights.items())    # the step did train
+    for k in ("loss", "pg_loss", "kl", "clip_frac", "entropy"):
+        if k in row:
+            assert packed_row[k] == pytest.approx(row[k], rel=1e-4, abs=1e-6), k
+    for k, w in weights.items():
+        assert packed_weights[k].float() == pytest.approx(w.float(), abs=1e-5), k

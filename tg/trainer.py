@@ -5,7 +5,8 @@ One step:
 1. take the next `prompts_per_step` training questions (a seeded permutation per epoch);
 2. roll out M trees per question (chains: M = G, N = L = 0) with the engine and the search env;
 3. score every leaf (Eq. 13), compute advantages (Eq. 5-7; chains: plain GRPO by prompt);
-4. one training row per leaf: its exact sampled ids and observation mask (shared prefixes repeat);
+4. one training row per leaf: its exact sampled ids and observation mask (shared prefixes repeat;
+   with `optim.pack_trees` each tree's rows run as one sequence along their shared prefixes, tg.packing);
 5. old log-probs once, reference log-probs once (adapter disabled), then PPO mini-batches of
    `mini_batch_prompts` questions, with gradient accumulation over `micro_batch_rows` rows, AdamW,
    linear warm-up then constant LR, grad-norm clip.
@@ -41,6 +42,7 @@ from tg.engine import Engine, HFEngine, Sampling
 from tg.env import SearchEnv
 from tg.finetune import TrainablePolicy
 from tg.loss import entropy_from_logits, grpo_loss, token_logprobs
+from tg.packing import packed_row_logits
 from tg.data import Question
 from tg.protocol import prompt_ids
 from tg.reward import answer_score, is_valid_format, reward
@@ -84,6 +86,8 @@ class Rows:
     mask: torch.Tensor
     adv: torch.Tensor
     question: list[int]
+    tree: list[int]
+    """The index of each row's tree in the batch (rows of one tree share prefixes)."""
 
 
 def build_rows(trees: Sequence[Tree], adv: torch.Tensor, pad_id: int) -> Rows:
@@ -97,7 +101,8 @@ def build_rows(trees: Sequence[Tree], adv: torch.Tensor, pad_id: int) -> Rows:
         ids[i, :len(x.ids)] = torch.tensor(x.ids)
         attn[i, :len(x.ids)] = 1
         mask[i, :len(x.ids)] = torch.tensor(x.mask)
-    return Rows(ids, attn, mask, adv.float(), [t.question for t in trees for _ in t.leaves()])
+    return Rows(ids, attn, mask, adv.float(), [t.question for t in trees for _ in t.leaves()],
+                [k for k, t in enumerate(trees) for _ in t.leaves()])
 
 
 def leaf_rewards(trees: Sequence[Tree], golds: Sequence[Sequence[str]], mode: str, penalty: float) -> dict[str, list]:
@@ -186,7 +191,16 @@ class Trainer:
         dev = next(model.parameters()).device
         width = int(rows.attn[idx].sum(1).max())
         ids, attn = rows.ids[idx, :width].to(dev), rows.attn[idx, :width].to(dev)
-        logits = model(input_ids=ids, attention_mask=attn).logits
+        if self.cfg.optim.pack_trees:  # each tree's rows once, along their shared prefixes (tg.packing)
+            order = sorted(range(len(idx)), key=lambda i: rows.tree[int(idx[i])])  # stable: rows of a tree in order
+            groups: dict[int, list[list[int]]] = {}
+            for i in order:
+                r = int(idx[i])
+                groups.setdefault(rows.tree[r], []).append(rows.ids[r, :int(rows.attn[r].sum())].tolist())
+            packed = packed_row_logits(model, list(groups.values()), width, self.pad_id)
+            logits = packed[torch.tensor(order).argsort().to(dev)]
+        else:
+            logits = model(input_ids=ids, attention_mask=attn).logits
         return token_logprobs(logits, ids), logits
 
     @torch.no_grad()

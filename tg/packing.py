@@ -1,0 +1,84 @@
+"""Training a tree's rows once: its trajectories packed into one sequence with a tree attention mask.
+
+The rows of one tree share prefixes (the prompt, the seed chain's first steps). Trained one row each,
+every shared token is recomputed once per row through it: for (2,2,1) trees the update runs through
+about twice the tokens of the tree itself (bench/README.md). Packed, each distinct prefix is one run
+of positions; a token attends to the tokens on its own root-to-token path only, at the position ids
+it has in its row, so its logits are the ones its rows would compute (equal up to float summation
+order; tested against the per-row forward), and the rows' logits are gathered back from them. The
+gather is differentiable: a shared token's gradient is the sum over its rows, as in per-row training.
+
+    packed = pack_rows(row_ids)                  # one trie over the rows' exact ids
+    logits = model(input_ids=packed.ids[None], attention_mask=packed.visible[None, None],
+                   position_ids=packed.pos[None]).logits[0]
+    row_logits = logits[packed.where]            # [R, T, V], as a per-row forward gives (padding: any)
+
+`packed_row_logits` does this for several trees in one padded batch (the trainer's micro-batch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class Packed:
+    """Rows merged on their common prefixes. P packed positions, R rows of width T."""
+
+    ids: torch.Tensor
+    """[P] token ids: every distinct (prefix, token) once, each after its predecessor on its path."""
+    pos: torch.Tensor
+    """[P] position ids: a token's index in the rows that contain it."""
+    visible: torch.Tensor
+    """[P, P] bool: visible[i, j] iff j lies on i's root-to-token path (itself included)."""
+    where: torch.Tensor
+    """[R, T] the packed position of each row token; padding columns point at position 0."""
+
+
+def pack_rows(rows: Sequence[Sequence[int]], width: int | None = None) -> Packed:
+    """Pack token-id rows into one sequence along their shared prefixes (a trie in creation order, so
+    every token comes after all the tokens it attends to)."""
+    node: dict[tuple[int, int], int] = {}
+    ids: list[int] = []
+    pos: list[int] = []
+    parent: list[int] = []
+    width = max(map(len, rows)) if width is None else width
+    where = torch.zeros(len(rows), width, dtype=torch.long)
+    for r, row in enumerate(rows):
+        prev = -1
+        for t, tok in enumerate(row):
+            key = (prev, int(tok))
+            if key not in node:
+                node[key] = len(ids)
+                ids.append(int(tok))
+                pos.append(t)
+                parent.append(prev)
+            prev = node[key]
+            where[r, t] = prev
+    visible = torch.zeros(len(ids), len(ids), dtype=torch.bool)
+    for i, p in enumerate(parent):
+        if p >= 0:
+            visible[i] = visible[p]
+        visible[i, i] = True
+    return Packed(torch.tensor(ids), torch.tensor(pos), visible, where)
+
+
+def packed_row_logits(model: torch.nn.Module, groups: Sequence[Sequence[Sequence[int]]], width: int,
+                      pad_id: int = 0) -> torch.Tensor:
+    """[R, width, V] logits of the rows of `groups` (each group: the rows of one tree), in group order,
+    from one forward over the groups' packed sequences (right-padded; a padding position sees itself)."""
+    packs = [pack_rows(g, width) for g in groups]
+    P = max(len(p.ids) for p in packs)
+    ids = torch.full((len(packs), P), pad_id, dtype=torch.long)
+    pos = torch.zeros(len(packs), P, dtype=torch.long)
+    visible = torch.eye(P, dtype=torch.bool).repeat(len(packs), 1, 1)
+    for b, p in enumerate(packs):
+        n = len(p.ids)
+        ids[b, :n], pos[b, :n], visible[b, :n, :n] = p.ids, p.pos, p.visible
+    where = torch.cat([p.where + b * P for b, p in enumerate(packs)])       # [R, width] into [B * P]
+    dev = next(model.parameters()).device
+    logits = model(input_ids=ids.to(dev), attention_mask=visible[:, None].to(dev), position_ids=pos.to(dev)).logits
+    return logits.flatten(0, 1)[where.to(dev)]
