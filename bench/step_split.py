@@ -1,6 +1,7 @@
-"""Where a training step's time goes: chain GRPO (G=4) vs Tree-GRPO (2,2,1) at equal budget, one run.
+"""Where a training step's time goes: chain GRPO (G=4) vs Tree-GRPO (2,2,1) at equal budget, one run
+(the tree twice: rows trained one by one, and packed per tree with `optim.pack_trees`).
 
-Both train the cpu preset's warmed-up policy for `--steps` steps with the demo's settings (16 multi-hop
+Each run trains the cpu preset's warmed-up policy for `--steps` steps with the demo's settings (16 multi-hop
 questions per step), the chain first; the trainer's own timers split each step into rollout
 (`rollout_s`), reference/old log-probs (`logprob_s`) and the rest of the update (`update_s`). The
 first step of each run is dropped (warm-up); the table gives medians and tree / chain ratios.
@@ -20,7 +21,9 @@ from tg.commands import build_run
 from tg.config import load_config
 
 PARTS = ("rollout_s", "logprob_s", "update_s")
-SHAPES = {"chain G=4": dict(M=4, N=0, L=0), "tree (2,2,1)": dict(M=2, N=2, L=1)}
+RUNS = {"chain G=4": (dict(M=4, N=0, L=0), False), "tree (2,2,1)": (dict(M=2, N=2, L=1), False),
+        "tree (2,2,1) packed": (dict(M=2, N=2, L=1), True)}
+"""name: (tree shape, optim.pack_trees)."""
 
 
 def main() -> None:
@@ -31,16 +34,18 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     cfg = load_config("cpu")
     medians: dict[str, dict[str, float]] = {}
-    for name, shape in SHAPES.items():
-        run_cfg = cfg.replace(tree=shape, optim=dict(steps=args.steps, checkpoint_every=args.steps))
+    for name, (shape, pack) in RUNS.items():
+        run_cfg = cfg.replace(tree=shape, optim=dict(steps=args.steps, checkpoint_every=args.steps, pack_trees=pack))
         rows = build_run(run_cfg, tempfile.mkdtemp(prefix="tg-split-")).trainer.fit()[1:]
         medians[name] = {p: statistics.median(r[p] for r in rows) for p in PARTS}
         medians[name]["step_s"] = statistics.median(sum(r[p] for p in PARTS) for r in rows)
-    chain, tree = medians.values()
-    print(f"| part | {' | '.join(medians)} | tree / chain |\n|---|---|---|---|")
+    chain = medians["chain G=4"]
+    others = [n for n in medians if n != "chain G=4"]
+    print(f"| part | {' | '.join(medians)} | {' | '.join(f'{n} / chain' for n in others)} |")
+    print("|---" * (1 + len(medians) + len(others)) + "|")
     for part in (*PARTS, "step_s"):
-        print(f"| {part} | {chain[part]:.2f} s | {tree[part]:.2f} s | {tree[part] / chain[part]:.2f}x |")
-
+        cells = [f"{m[part]:.2f} s" for m in medians.values()] + [f"{medians[n][part] / chain[part]:.2f}x" for n in others]
+        print(f"| {part} | {' | '.join(cells)} |")
 
 if __name__ == "__main__":
     main()
