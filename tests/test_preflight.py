@@ -43,17 +43,17 @@ def test_parameter_counts_by_hand():
 
 
 def test_memory_parts_by_hand():
-    # QLoRA: NF4 = 0.5 byte + fp32 absmax per 64 = 9/16 byte per Linear weight; the rest fp32
-    assert weight_bytes(S, "qlora") == 1_310_195_712 * 9 // 16 + 4 * 233_518_592 == 1_671_059_456
+    # QLoRA: NF4 = 0.5 byte + fp32 absmax per 64 = 9/16 byte per Linear weight; the rest bf16
+    assert weight_bytes(S, "qlora") == 1_310_195_712 * 9 // 16 + 2 * 233_518_592 == 1_204_022_272
     assert weight_bytes(S, "lora") == 2 * 1_543_714_304                           # bf16, no copy
     assert weight_bytes(S, "full") == 2 * 2 * 1_543_714_304                       # + frozen reference
     assert trainable_bytes(S, "qlora", 64, ALL) == 16 * 73_859_072 == 1_181_745_152
     assert trainable_bytes(S, "full", 64, ALL) == 3 * 2 * 1_543_714_304          # bf16 grad + 2 moments
     assert kv_bytes_per_token(S) == 2 * 28 * 256 * 2 == 28_672
     # checkpointed: layer inputs 2*28*1536 = 86,016 + one layer 2*(6*1536 + 2*256 + 4*8960) = 91,136
-    # + logits 14 * 151,936 = 2,127,104 -> 2,304,256 bytes per token; 2 rows of 4,596 tokens
-    assert activation_bytes(S, 2, 4596, checkpointing=True) == 2 * 4596 * 2_304_256
-    assert activation_bytes(S, 1, 10, checkpointing=False) == 10 * (28 * 91_136 + 2_127_104)
+    # + logits 16 * 151,936 = 2,430,976 -> 2,608,128 bytes per token; 2 rows of 4,596 tokens
+    assert activation_bytes(S, 2, 4596, checkpointing=True) == 2 * 4596 * 2_608_128
+    assert activation_bytes(S, 1, 10, checkpointing=False) == 10 * (28 * 91_136 + 2_430_976)
     # vLLM at 0.5 of 80 GiB: 40 GiB - bf16 weights 3,087,428,608 - 2 GiB overhead, in 28,672-byte tokens
     assert vllm_kv_tokens(S, 80 * GIB, 0.5) == (40 * GIB - 3_087_428_608 - 2 * GIB) // 28_672 == 1_315_386
 
@@ -63,8 +63,8 @@ def test_memory_estimate_of_the_paper_preset():
     est = memory_estimate(S, cfg, 80 * GIB)
     # HF engine: the expansion round holds 512 prompts x 2 trees x 2 branches, and the 2 seed chains' kept K/V
     assert est.rollout_kv == 512 * 2 * (1 + 2) * 4096 * 28_672 == 336 * GIB
-    assert est.activations == 2 * (4096 + 500) * 2_304_256 and est.vllm == 0
-    assert est.total == 1_671_059_456 + 1_181_745_152 + 336 * GIB + 1 * GIB      # rollout and update alternate
+    assert est.activations == 2 * (4096 + 500) * 2_608_128 and est.vllm == 0
+    assert est.total == 1_204_022_272 + 1_181_745_152 + 336 * GIB + 1 * GIB      # rollout and update alternate
     v = memory_estimate(S, cfg.with_overrides("agent.engine=vllm"), 80 * GIB)
     assert v.rollout_kv == 0 and v.vllm == 40 * GIB and v.total < 80 * GIB
     assert largest_fitting(8, lambda r: r * 10 <= 35) == 3 and largest_fitting(8, lambda r: False) == 0

@@ -175,7 +175,7 @@ class HFBatch:
         self.engine, self.sampling, self.prefixes = engine, sampling, prefixes
         self.model = engine.model
         self.device = next(self.model.parameters()).device
-        self.generator = torch.Generator(device="cpu").manual_seed(sampling.seed)
+        self.generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
         self.stats = PrefillStats()
         self.row_stats: list[PrefillStats] = []
         self.cache = GrowingCache()

@@ -6,8 +6,8 @@ Qwen2.5-1.5B. Sizes are bytes; "GiB" is 2**30 bytes.
 
 Where the bytes go (QLoRA, the paper presets):
 - the base: decoder Linear weights in NF4 (0.5 byte/param + one fp32 absmax per 64 weights, no
-  double quantisation), every other parameter (embeddings, norms, biases) in fp32, because peft's
-  `prepare_model_for_kbit_training` casts the non-4-bit parameters to fp32;
+  double quantisation), every other parameter (embeddings, norms, biases) in the compute dtype (bf16 on
+  a GPU; `tg.finetune` does not cast them to fp32 as peft's `prepare_model_for_kbit_training` would);
 - LoRA: A and B per target module, fp32 (peft's default autocast), with fp32 grads and AdamW's two
   fp32 moments: 16 bytes per LoRA parameter;
 - activations of the longest micro-batch (`activation_bytes`) and the rollout KV cache of the engine.
@@ -17,9 +17,13 @@ on the GPU replace the throughput ones):
 1. A decoder layer keeps (6 h + 2 kv + 4 i) bf16 values per token for its backward (layer input, norm
    outputs, q / k / v, attention output, gate, up, activation, product); with gradient checkpointing
    only the layer input is kept, and one layer at a time is recomputed.
-2. The logits cost 14 bytes per token and vocabulary entry: bf16 logits (2), the fp32 copy that
-   `tg.loss.token_logprobs` keeps for the backward (4), and two fp32 temporaries (log-softmax,
-   entropy; 8). For Qwen2.5's 151,936-entry vocabulary this term dominates.
+2. The logits cost 16 bytes per token and vocabulary entry: bf16 logits (2), the fp32 copy that
+   `tg.loss.token_logprobs` keeps for the backward (4), fp32 temporaries (logsumexp, entropy) and the
+   gradients of both copies. Measured on an H200 (scripts/gpu_smoke.sh: QLoRA, gradient checkpointing,
+   a random-init model of Qwen2.5-1.5B's shape, 2 and 8 rows of 4,596 tokens): peak 23.07 and
+   87.86 GiB, a slope of 15.4 bytes per token and entry beside the layers' share; rounded up so the
+   estimate stays an upper bound (24.0 and 91.0 GiB for those two). For Qwen2.5's 151,936-entry
+   vocabulary this term dominates.
 3. vLLM takes `gpu_memory_utilization` of the whole GPU for its weights (bf16, full model), its
    profiling activations (`VLLM_OVERHEAD`) and the KV cache (the rest).
 4. CUDA context and allocator slack: `CUDA_OVERHEAD` per process.
@@ -40,7 +44,7 @@ NF4_BYTES_PER_PARAM = 0.5 + 4 / 64
 """4-bit weight plus one fp32 absmax per block of 64 (bitsandbytes NF4, no double quantisation)."""
 LORA_BYTES_PER_PARAM = 16
 """fp32 weight 4 + fp32 grad 4 + AdamW exp_avg 4 + exp_avg_sq 4."""
-LOGIT_BYTES = 14
+LOGIT_BYTES = 16
 """Assumption 2: bytes per token per vocabulary entry for the logits and the log-prob / entropy math."""
 CUDA_OVERHEAD = 1 * GIB
 """Assumption 4."""
@@ -114,12 +118,12 @@ def lora_params(s: ModelShape, r: int, targets: tuple[str, ...]) -> int:
 def weight_bytes(s: ModelShape, finetune: str, weight_dtype_bytes: int = 2) -> int:
     """Bytes of the model's weights on the GPU, before any optimiser state.
 
-    qlora: NF4 decoder Linears, fp32 rest (module docstring). lora / full: every parameter at
+    qlora: NF4 decoder Linears, the rest at `weight_dtype_bytes` (module docstring). lora / full: every parameter at
     `weight_dtype_bytes` (2 for bf16). Full fine-tuning adds a frozen reference copy (tg.finetune).
     """
     p = param_counts(s)
     if finetune == "qlora":
-        return math.ceil(p.linear * NF4_BYTES_PER_PARAM) + 4 * p.other
+        return math.ceil(p.linear * NF4_BYTES_PER_PARAM) + weight_dtype_bytes * p.other
     copies = 2 if finetune == "full" else 1
     return copies * p.total * weight_dtype_bytes
 

@@ -110,12 +110,15 @@ def trainable_policy(path: str | Path, cfg: ModelConfig, device: torch.device | 
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         reference = copy.deepcopy(model).eval().requires_grad_(False)
         return TrainablePolicy(model, "full", reference)
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from peft import LoraConfig, get_peft_model
     if cfg.finetune == "qlora":
+        # Not peft's prepare_model_for_kbit_training: it casts the norms and embeddings to fp32, so every
+        # activation runs in fp32 and attention cannot use the fused bf16 kernels. Qwen2's RMSNorm
+        # already normalises in fp32; the LoRA weights stay fp32 (peft's default). On an H200 the cast
+        # made the tiny policy's longest micro-batch run out of 140 GiB, and a Qwen2.5-1.5B-shaped update
+        # 3x slower (bench/README.md, "On a GPU"). On CPU (fp32) nothing changes.
         _no_cpu_inference_packing(model)
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=cfg.gradient_checkpointing,
-                                                gradient_checkpointing_kwargs={"use_reentrant": False})
-    elif cfg.gradient_checkpointing:
+    if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                       target_modules=list(cfg.lora_targets), task_type="CAUSAL_LM")

@@ -234,7 +234,9 @@ def static_checks(cfg: Config) -> tuple[list[Check], ModelShape | None]:
 def measure_longest_sample(model: Any, vocab: int, rows: int, tokens: int, decode_rows: int = 32,
                            decode_tokens: int = 32) -> Throughput:
     """Forward + backward on `rows` x `tokens` random ids (the longest micro-batch: an OOM shows now),
-    then a greedy decode of `decode_tokens` for `decode_rows` rows; tokens/s of each, and peak memory."""
+    then a greedy decode of `decode_tokens` for `decode_rows` rows; tokens/s of each, and peak memory.
+    Each is timed on its second run: the first pays CUDA's one-off start-up costs (kernel loading,
+    cuBLAS workspaces), which on an H200 made the first greedy decode 3x slower."""
     import torch
     from tg.loss import token_logprobs
     dev = next(model.parameters()).device
@@ -243,22 +245,31 @@ def measure_longest_sample(model: Any, vocab: int, rows: int, tokens: int, decod
         torch.cuda.reset_peak_memory_stats(dev)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (rows, tokens), generator=gen).to(dev)
-    model.train()
-    t0 = time.perf_counter()
-    token_logprobs(model(input_ids=ids).logits, ids).sum().backward()
-    model.zero_grad(set_to_none=True)
-    if cuda:
-        torch.cuda.synchronize(dev)
-    train_s = time.perf_counter() - t0
-    model.eval()
     prompt = torch.randint(0, vocab, (decode_rows, 16), generator=gen).to(dev)
-    t0 = time.perf_counter()
-    with torch.no_grad():
+
+    def timed(fn: Any) -> float:
+        fn()
+        if cuda:
+            torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize(dev)
+        return time.perf_counter() - t0
+
+    def train() -> None:
+        token_logprobs(model(input_ids=ids).logits, ids).sum().backward()
+        model.zero_grad(set_to_none=True)
+
+    @torch.no_grad()
+    def decode() -> None:
         model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=decode_tokens,
                        min_new_tokens=decode_tokens, do_sample=False)
-    if cuda:
-        torch.cuda.synchronize(dev)
-    decode_s = time.perf_counter() - t0
+
+    model.train()
+    train_s = timed(train)
+    model.eval()
+    decode_s = timed(decode)
     peak = torch.cuda.max_memory_allocated(dev) / GIB if cuda else None
     return Throughput(decode_rows * decode_tokens / decode_s, rows * tokens / train_s,
                       "measured: HF decode, a lower bound for vLLM", peak)
