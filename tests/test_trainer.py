@@ -124,3 +124,21 @@ def test_packed_trees_train_like_rows(cfg, policy_dir, make_env, train_questions
             assert packed_row[k] == pytest.approx(row[k], rel=1e-4, abs=1e-6), k
     for k, w in weights.items():
         assert packed_weights[k].float() == pytest.approx(w.float(), abs=1e-5), k
+
+
+def test_qlora_in_bf16_keeps_activations_in_bf16(cfg, policy_dir):
+    """QLoRA under bf16 (the GPU path): the base's non-4-bit weights stay bf16 and so do the activations.
+    peft's prepare_model_for_kbit_training would cast them to fp32; on an H200 that ran attention
+    unfused and the tiny policy's longest micro-batch out of 140 GiB (bench/README.md, "On a GPU")."""
+    c = cfg.replace(model=dict(finetune="qlora", dtype="bfloat16", lora_r=4, lora_alpha=8, gradient_checkpointing=True))
+    model = trainable_policy(policy_dir, c.model, torch.device("cpu")).model
+    frozen = {p.dtype for p in model.parameters() if not p.requires_grad}
+    assert frozen == {torch.uint8, torch.bfloat16}                  # NF4 weights, everything else bf16
+    assert {p.dtype for p in model.parameters() if p.requires_grad} == {torch.float32}   # LoRA: peft's fp32
+    seen = []
+    layer = model.base_model.model.model.layers[0].self_attn
+    layer.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["hidden_states"].dtype), with_kwargs=True)
+    model.train()
+    model(input_ids=torch.tensor([[1, 2, 3, 4]])).logits.float().sum().backward()
+    assert seen == [torch.bfloat16] * len(seen) and seen
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
