@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from tg.packing import pack_rows, packed_row_logits
+from tg.packing import pack_batch, pack_rows, packed_row_logits
 
 
 def _tree_rows(rng: random.Random, vocab: int = 40) -> list[list[int]]:
@@ -36,7 +36,7 @@ def test_packed_logits_equal_per_row_logits(seed):
     groups = [_tree_rows(rng) for _ in range(3)]
     width = max(len(r) for g in groups for r in g)
     with torch.no_grad():
-        packed = packed_row_logits(model, groups, width)
+        packed = packed_row_logits(model, pack_batch(groups, width))
         for k, row in enumerate(r for g in groups for r in g):
             alone = model(input_ids=torch.tensor([row])).logits[0]
             assert packed[k, :len(row)] == pytest.approx(alone, abs=1e-5)

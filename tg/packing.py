@@ -13,7 +13,9 @@ gather is differentiable: a shared token's gradient is the sum over its rows, as
                    position_ids=packed.pos[None]).logits[0]
     row_logits = logits[packed.where]            # [R, T, V], as a per-row forward gives (padding: any)
 
-`packed_row_logits` does this for several trees in one padded batch (the trainer's micro-batch).
+`pack_batch` does the packing for several trees in one padded batch (the trainer's micro-batch, packed
+once per update and reused by its reference, old-policy and training forwards), `packed_row_logits` the
+forward and the gather.
 """
 
 from __future__ import annotations
@@ -66,10 +68,22 @@ def pack_rows(rows: Sequence[Sequence[int]], width: int | None = None) -> Packed
     return Packed(torch.tensor(ids), torch.tensor(pos), visible, where)
 
 
-def packed_row_logits(model: torch.nn.Module, groups: Sequence[Sequence[Sequence[int]]], width: int,
-                      pad_id: int = 0) -> torch.Tensor:
-    """[R, width, V] logits of the rows of `groups` (each group: the rows of one tree), in group order,
-    from one forward over the groups' packed sequences (right-padded; a padding position sees itself)."""
+@dataclass(frozen=True)
+class PackedBatch:
+    """Several trees' packed sequences, right-padded to P positions (a padding position sees itself)."""
+
+    ids: torch.Tensor
+    """[B, P] token ids."""
+    pos: torch.Tensor
+    """[B, P] position ids."""
+    visible: torch.Tensor
+    """[B, P, P] bool attention mask."""
+    where: torch.Tensor
+    """[R, width] each row token's index into the flattened [B * P] positions, rows in group order."""
+
+
+def pack_batch(groups: Sequence[Sequence[Sequence[int]]], width: int, pad_id: int = 0) -> PackedBatch:
+    """Pack each group (the rows of one tree) with `pack_rows`, then pad the packs into one batch."""
     packs = [pack_rows(g, width) for g in groups]
     P = max(len(p.ids) for p in packs)
     ids = torch.full((len(packs), P), pad_id, dtype=torch.long)
@@ -78,7 +92,13 @@ def packed_row_logits(model: torch.nn.Module, groups: Sequence[Sequence[Sequence
     for b, p in enumerate(packs):
         n = len(p.ids)
         ids[b, :n], pos[b, :n], visible[b, :n, :n] = p.ids, p.pos, p.visible
-    where = torch.cat([p.where + b * P for b, p in enumerate(packs)])       # [R, width] into [B * P]
+    where = torch.cat([p.where + b * P for b, p in enumerate(packs)])
+    return PackedBatch(ids, pos, visible, where)
+
+
+def packed_row_logits(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
+    """[R, width, V] logits of the packed rows, in group order, from one forward over the batch."""
     dev = next(model.parameters()).device
-    logits = model(input_ids=ids.to(dev), attention_mask=visible[:, None].to(dev), position_ids=pos.to(dev)).logits
-    return logits.flatten(0, 1)[where.to(dev)]
+    logits = model(input_ids=batch.ids.to(dev), attention_mask=batch.visible[:, None].to(dev),
+                   position_ids=batch.pos.to(dev)).logits
+    return logits.flatten(0, 1)[batch.where.to(dev)]

@@ -42,7 +42,7 @@ from tg.engine import Engine, HFEngine, Sampling
 from tg.env import SearchEnv
 from tg.finetune import TrainablePolicy
 from tg.loss import entropy_from_logits, grpo_loss, token_logprobs
-from tg.packing import packed_row_logits
+from tg.packing import PackedBatch, pack_batch, packed_row_logits
 from tg.data import Question
 from tg.protocol import prompt_ids
 from tg.reward import answer_score, is_valid_format, reward
@@ -71,6 +71,18 @@ METRICS: dict[str, str] = {
     "rollout_s": "rollout wall seconds", "logprob_s": "reference (and old, with several mini-batches) log-prob seconds",
     "update_s": "advantages + forward/backward + optimiser + engine sync seconds",
 }
+
+
+@dataclass(frozen=True)
+class Micro:
+    """One micro-batch's model inputs: its rows' ids and attention [B, width], and with optim.pack_trees
+    their trees packed (row i of the micro-batch is packed row unpack[i])."""
+
+    idx: torch.Tensor
+    ids: torch.Tensor
+    attn: torch.Tensor
+    packed: PackedBatch | None = None
+    unpack: torch.Tensor | None = None
 
 
 class NonFiniteError(RuntimeError):
@@ -187,36 +199,42 @@ class Trainer:
         return trees, ledgers(trees, stats)
 
     # ---- log-probs and the update ----------------------------------------------------------------
-    def _forward_logprobs(self, model: Any, rows: Rows, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        dev = next(model.parameters()).device
+    def _micro(self, rows: Rows, idx: torch.Tensor) -> Micro:
+        """The model inputs of the rows `idx`, built once per update (packing is not free: a trie over ids)."""
         width = int(rows.attn[idx].sum(1).max())
-        ids, attn = rows.ids[idx, :width].to(dev), rows.attn[idx, :width].to(dev)
-        if self.cfg.optim.pack_trees:  # each tree's rows once, along their shared prefixes (tg.packing)
-            order = sorted(range(len(idx)), key=lambda i: rows.tree[int(idx[i])])  # stable: rows of a tree in order
-            groups: dict[int, list[list[int]]] = {}
-            for i in order:
-                r = int(idx[i])
-                groups.setdefault(rows.tree[r], []).append(rows.ids[r, :int(rows.attn[r].sum())].tolist())
-            packed = packed_row_logits(model, list(groups.values()), width, self.pad_id)
-            logits = packed[torch.tensor(order).argsort().to(dev)]
+        ids, attn = rows.ids[idx, :width], rows.attn[idx, :width]
+        if not self.cfg.optim.pack_trees:
+            return Micro(idx, ids, attn)
+        order = sorted(range(len(idx)), key=lambda i: rows.tree[int(idx[i])])  # stable: rows of a tree in order
+        groups: dict[int, list[list[int]]] = {}
+        for i in order:
+            r = int(idx[i])
+            groups.setdefault(rows.tree[r], []).append(rows.ids[r, :int(rows.attn[r].sum())].tolist())
+        return Micro(idx, ids, attn, pack_batch(list(groups.values()), width, self.pad_id), torch.tensor(order).argsort())
+
+    def _forward_logprobs(self, model: Any, mb: Micro) -> tuple[torch.Tensor, torch.Tensor]:
+        dev = next(model.parameters()).device
+        ids = mb.ids.to(dev)
+        if mb.packed is not None:  # each tree's rows once, along their shared prefixes (tg.packing)
+            logits = packed_row_logits(model, mb.packed)[mb.unpack.to(dev)]
         else:
-            logits = model(input_ids=ids, attention_mask=attn).logits
+            logits = model(input_ids=ids, attention_mask=mb.attn.to(dev)).logits
         return token_logprobs(logits, ids), logits
 
     @torch.no_grad()
-    def _frozen_logprobs(self, rows: Rows, micros: Sequence[torch.Tensor], reference: bool) -> list[torch.Tensor]:
+    def _frozen_logprobs(self, micros: Sequence[Micro], reference: bool) -> list[torch.Tensor]:
         """Log-probs per micro-batch without gradient: of the reference (adapter disabled) or the old policy."""
         model = self.policy.reference_model if reference else self.policy.model
         with self.policy.reference_context() if reference else torch.no_grad():
-            return [self._forward_logprobs(model, rows, idx)[0] for idx in micros]
+            return [self._forward_logprobs(model, mb)[0] for mb in micros]
 
-    def _micro_loss(self, rows: Rows, idx: torch.Tensor, old: torch.Tensor | None, ref: torch.Tensor | None,
+    def _micro_loss(self, rows: Rows, mb: Micro, old: torch.Tensor | None, ref: torch.Tensor | None,
                     weight: float) -> dict:
         o = self.cfg.optim
-        logp, logits = self._forward_logprobs(self.policy.model, rows, idx)
-        mask = rows.mask[idx, :logp.shape[1]].to(logp.device).float()
+        logp, logits = self._forward_logprobs(self.policy.model, mb)
+        mask = rows.mask[mb.idx, :logp.shape[1]].to(logp.device).float()
         ent = entropy_from_logits(logits if o.entropy_coef > 0 else logits.detach())
-        loss, stats = grpo_loss(logp, logp.detach() if old is None else old, rows.adv[idx].to(logp.device), mask,
+        loss, stats = grpo_loss(logp, logp.detach() if old is None else old, rows.adv[mb.idx].to(logp.device), mask,
                                 ref_logp=ref, entropy=ent, clip_low=o.clip_low, clip_high=o.clip_high,
                                 dual_clip=o.dual_clip, agg=o.loss_agg, kl_beta=o.kl_beta, entropy_coef=o.entropy_coef)
         if not torch.isfinite(loss):
@@ -226,34 +244,34 @@ class Trainer:
         stats["loss"] = float(loss.detach())
         return stats
 
-    def _micro_batches(self, rows: Rows) -> list[list[torch.Tensor]]:
-        """Row indices per PPO mini-batch (consecutive questions), split into micro-batches."""
+    def _micro_batches(self, rows: Rows) -> list[list[Micro]]:
+        """Micro-batches per PPO mini-batch (consecutive questions)."""
         o = self.cfg.optim
         q = torch.tensor(rows.question)
         firsts = sorted(set(rows.question))
         out = []
         for b in range(0, len(firsts), o.mini_batch_prompts):
             idx = torch.nonzero(torch.isin(q, torch.tensor(firsts[b:b + o.mini_batch_prompts]))).flatten()
-            out.append(list(idx.split(o.micro_batch_rows)))
+            out.append([self._micro(rows, i) for i in idx.split(o.micro_batch_rows)])
         return out
 
     def update(self, rows: Rows) -> dict[str, float]:
         """One PPO epoch over the mini-batches; returns the last mini-batch's stats."""
         o = self.cfg.optim
         minis = self._micro_batches(rows)
-        flat = [idx for mini in minis for idx in mini]
+        flat = [mb for mini in minis for mb in mini]
         t0 = time.perf_counter()
-        ref = iter(self._frozen_logprobs(rows, flat, reference=True)) if o.kl_beta > 0 else None
-        old = iter(self._frozen_logprobs(rows, flat, reference=False)) if len(minis) > 1 else None
+        ref = iter(self._frozen_logprobs(flat, reference=True)) if o.kl_beta > 0 else None
+        old = iter(self._frozen_logprobs(flat, reference=False)) if len(minis) > 1 else None
         sizes = rows.mask.sum(1).float() if o.loss_agg == "token-mean" else torch.ones(len(rows.question))
         self.policy.model.train()
         logprob_s = time.perf_counter() - t0
         stats: dict[str, float] = {}
         for mini in minis:
-            total = sum(float(sizes[idx].sum()) for idx in mini)
-            for idx in mini:
-                stats = self._micro_loss(rows, idx, next(old) if old else None, next(ref) if ref else None,
-                                         float(sizes[idx].sum()) / total)
+            total = sum(float(sizes[mb.idx].sum()) for mb in mini)
+            for mb in mini:
+                stats = self._micro_loss(rows, mb, next(old) if old else None, next(ref) if ref else None,
+                                         float(sizes[mb.idx].sum()) / total)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), o.grad_clip)
             if not torch.isfinite(grad_norm):
                 self.optimizer.zero_grad(set_to_none=True)
