@@ -152,3 +152,25 @@ def test_sweep_report_pairs_each_tree_with_the_chain_of_its_budget_and_the_quart
     quarter = text.split("Quarter budget")[1]
     assert "| multi-hop/hard/tree (2,2,1) | 60 | 15.5 ± 0.7 | 2 | +1.0 ± 0.0 (2/2 ahead) |" in quarter
     assert "+5.0 ± 0.0 (2/2 ahead)" in text.split("Quarter budget")[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("regime", ["moderate", "hard"])
+def test_starting_policies_are_the_ones_behind_the_committed_results(regime):
+    """The starting policy this checkout loads (the moderate one rebuilt by `tg warmup`, the hard one pinned
+    in results/mini/policies) scores what the committed `start` row of its regime says, to the question."""
+    from pathlib import Path
+
+    from tg.commands import evaluate_model
+    from tg.config import load_config
+    from tg.pipeline import load_resources
+    from tg.policy import load_policy
+    cell = f"multi-hop/{regime}/start"
+    row = next(r for r in _rows(Path(__file__).parents[1] / "results" / "mini" / "budget.csv") if r["cell"] == cell)
+    cfg = load_config("cpu", *mini.REGIMES[regime], "data.setting=multi-hop")
+    res = load_resources(cfg)
+    assert (Path(res.policy_path).parent.name == "policies") == (regime == "hard")
+    model, tok = load_policy(res.policy_path)
+    cols = mini._eval_columns(evaluate_model(model, tok, res, cfg, progress=False))
+    assert (cols["em_single"], cols["em_multi"]) == (float(row["em_single"]), float(row["em_multi"]))
+    assert (cols["n_single"], cols["n_multi"]) == (int(row["n_single"]), int(row["n_multi"]))
