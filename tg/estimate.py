@@ -118,8 +118,8 @@ def lora_params(s: ModelShape, r: int, targets: tuple[str, ...]) -> int:
 def weight_bytes(s: ModelShape, finetune: str, weight_dtype_bytes: int = 2) -> int:
     """Bytes of the model's weights on the GPU, before any optimiser state.
 
-    qlora: NF4 decoder Linears, the rest at `weight_dtype_bytes` (module docstring). lora / full: every parameter at
-    `weight_dtype_bytes` (2 for bf16). Full fine-tuning adds a frozen reference copy (tg.finetune).
+    qlora: NF4 decoder Linears, the rest at `weight_dtype_bytes` (module docstring). lora / full: every
+    parameter at `weight_dtype_bytes` (2 for bf16). Full fine-tuning adds a frozen reference copy (tg.finetune).
     """
     p = param_counts(s)
     if finetune == "qlora":

@@ -210,7 +210,8 @@ class Trainer:
         for i in order:
             r = int(idx[i])
             groups.setdefault(rows.tree[r], []).append(rows.ids[r, :int(rows.attn[r].sum())].tolist())
-        return Micro(idx, ids, attn, pack_batch(list(groups.values()), width, self.pad_id), torch.tensor(order).argsort())
+        packed = pack_batch(list(groups.values()), width, self.pad_id)
+        return Micro(idx, ids, attn, packed, torch.tensor(order).argsort())
 
     def _forward_logprobs(self, model: Any, mb: Micro) -> tuple[torch.Tensor, torch.Tensor]:
         dev = next(model.parameters()).device
