@@ -60,18 +60,18 @@ def trained(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def final_rows(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """The last evaluation point of each (cell, seed): rows with the largest `step` per `keys + [seed]`.
+    """The last evaluation point of each cell: its rows at the largest `step` per `keys`. A seed whose run
+    has not reached that step yet (a grid in progress) is left out rather than drawn from an earlier step.
 
     Files without a `step` column are returned as they are (one row per cell and seed)."""
     if "step" not in df:
         return df
-    group = [k for k in keys + ["seed"] if k in df]
-    last = df.groupby(group, dropna=False)["step"].transform("max")
+    last = df.groupby([k for k in keys if k in df], dropna=False)["step"].transform("max")
     return df[df["step"] == last]
 
 
 def seed_stats(df: pd.DataFrame, keys: list[str], value: str) -> pd.DataFrame:
-    """Mean, std (0 for one seed) and number of seeds of `value` per cell, at each seed's last step."""
+    """Mean, std (0 for one seed) and number of seeds of `value` per cell, at the cell's last step."""
     rows = final_rows(df, keys)
     out = rows.groupby(keys, dropna=False)[value].agg(["mean", "std", "count"]).reset_index()
     out["std"] = out["std"].fillna(0.0)

@@ -243,3 +243,13 @@ def test_ours_table3_uses_each_hops_own_setting(with_ours):
     _, ours = script("fig_table3_budget").load(with_ours)
     single = ours[(ours["hop"] == "single") & (ours["kind"] == "tree") & (ours["budget"] == 4)].iloc[0]
     assert single["mean"] == pytest.approx(33.0) and single["count"] == 3  # em_single = em_multi + 20, moderate only
+
+
+def test_a_grid_in_progress_is_drawn_at_each_cell_s_last_step_only():
+    """Seed 1 has reached step 30 only: the cell's step-60 statistics leave it out (one seed), never mixing
+    its step-30 EM into them."""
+    df = pd.DataFrame({"cell": ["a"] * 3 + ["b"] * 2, "seed": [0, 0, 1, 0, 1], "step": [30, 60, 30, 30, 30],
+                       "em": [10.0, 20.0, 12.0, 5.0, 7.0]})
+    stats = c.seed_stats(df, ["cell"], "em").set_index("cell")
+    assert stats.loc["a", ["mean", "count"]].tolist() == [20.0, 1] and stats.loc["a", "std"] == 0.0
+    assert stats.loc["b", ["mean", "count"]].tolist() == [6.0, 2]
