@@ -47,5 +47,6 @@ def main() -> None:
         cells = [f"{m[part]:.2f} s" for m in medians.values()] + [f"{medians[n][part] / chain[part]:.2f}x" for n in others]
         print(f"| {part} | {' | '.join(cells)} |")
 
+
 if __name__ == "__main__":
     main()

@@ -127,10 +127,12 @@ def test_cell_summary_pairs_each_cell_with_the_reference_by_seed():
     import pandas as pd
     rows = [dict(cell="start", seed=0, step=0, em_multi=3.0, calls_multi=1.5, generated_per_q=float("nan"))]
     for seed in range(3):
-        for cell, em in (("chain", 10.0 + seed), ("(2,2,1)", 12.0 + 2 * seed), ("(1,5,1)", 9.0)):
-            rows.append(dict(cell=cell, seed=seed, step=60, em_multi=em, calls_multi=2.0, generated_per_q=100.0))
-    s = summary.cell_summary(pd.DataFrame(rows), reference="chain").set_index("cell")
-    assert list(s.index) == ["chain", "(2,2,1)", "(1,5,1)"]                    # no starting-policy row
+        for step in (30, 60):    # rows land as runs finish: (cell, step) pairs interleave in the file
+            for cell, em in (("chain", 10.0 + seed), ("(2,2,1)", 12.0 + 2 * seed), ("(1,5,1)", 9.0)):
+                rows.append(dict(cell=cell, seed=seed, step=step, em_multi=em, calls_multi=2.0, generated_per_q=100.0))
+    s = summary.cell_summary(pd.DataFrame(rows), reference="chain")
+    assert list(zip(s.cell, s.step)) == [(c, p) for c in ("chain", "(2,2,1)", "(1,5,1)") for p in (30, 60)]  # no start row
+    s = s[s.step == 60].set_index("cell")
     assert (s.loc["(2,2,1)", "diff"], s.loc["(2,2,1)", "ahead"], s.loc["(2,2,1)", "pairs"]) == (3.0, 3, 3)
     assert s.loc["(2,2,1)", "diff_se"] == pytest.approx(1 / 3 ** 0.5)
     assert (s.loc["(1,5,1)", "diff"], s.loc["(1,5,1)", "ahead"]) == (-2.0, 0) and s.loc["chain", "diff"] == 0.0

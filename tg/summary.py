@@ -63,14 +63,17 @@ def ledger_summary(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def cell_summary(df: pd.DataFrame, reference: str | Mapping[str, str] | None = None) -> pd.DataFrame:
-    """Any training grid, per (cell, step): multi-hop EM (mean, sd, seeds), searches per multi-hop test
-    question, tokens generated per training question; with `reference` (one cell for all, or a cell per
-    cell), each cell's EM minus its reference's, paired by seed, its standard error, and the seeds where
-    the cell is ahead (cells a mapping leaves out are not paired)."""
+    """Any training grid, per (cell, step), cells in the order of their first row: multi-hop EM (mean, sd,
+    seeds), searches per multi-hop test question, tokens generated per training question; with `reference`
+    (one cell for all, or a cell per cell), each cell's EM minus its reference's, paired by seed, its
+    standard error, and the seeds where the cell is ahead (cells a mapping leaves out are not paired)."""
     runs = df[df["step"] > 0]
+    first_seen = {cell: i for i, cell in enumerate(runs["cell"].unique())}
     out = runs.groupby(["cell", "step"], sort=False).agg(
         em=("em_multi", "mean"), sd=("em_multi", "std"), n=("seed", "nunique"), calls=("calls_multi", "mean"),
         generated=("generated_per_q", "mean")).reset_index()
+    out = out.sort_values(["cell", "step"], key=lambda s: s.map(first_seen) if s.name == "cell" else s,
+                          kind="stable", ignore_index=True)
     if reference is None:
         return out
     ref_cell = runs["cell"].map(reference) if isinstance(reference, Mapping) else pd.Series(reference, runs.index)
