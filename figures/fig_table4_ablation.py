@@ -100,7 +100,8 @@ def draw(root: Path):
         c.note(right, "tg miniature: not run yet\n(see results/mini/README.md)")
     else:
         panel(right, ours)
-        right.set_title(f"{ours['label'].iloc[0]} miniature: multi-hop EM, mean ± std over seeds", fontsize=9)
+        right.set_title(f"{ours['label'].iloc[0]} miniature: multi-hop EM,\nmean ± std over "
+                        f"{c.seed_count(ours['count'] + ours['collapsed'])} seeds", fontsize=9)
     fig.suptitle("Table 4: advantage ablation (left: paper; right: tg, a different model and world)", fontsize=10)
     handles, labels = left.get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncols=4, fontsize=8, bbox_to_anchor=(0.5, -0.06))

@@ -205,6 +205,7 @@ def test_ours_ablation_counts_collapsed_seeds(with_ours):
     _, ours = script("fig_table4_ablation").load(with_ours)
     intra = ours.set_index("advantage").loc["intra"]
     assert intra["collapsed"] == 1 and intra["count"] == 1 and intra["mean"] == 13.0
+    assert "over 2 seeds" in script("fig_table4_ablation").draw(with_ours).axes[1].get_title()  # collapsed included
 
 
 def test_ours_sweep_reads_the_last_step_of_training_rows(with_ours):
