@@ -72,6 +72,14 @@ def test_unknown_experiment_names_the_choices(tmp_path):
         mini.run_experiment("nope", root=tmp_path)
 
 
+def test_select_cells_runs_a_grid_in_pieces_and_names_bad_cells():
+    picked = mini.select_cells("sweep", ["chain-16", "tree (1,2,1)", "multi-hop/hard/chain-2"])
+    assert [c.name for c in picked] == ["multi-hop/hard/chain-2", "multi-hop/hard/chain-16", "multi-hop/hard/tree (1,2,1)"]
+    assert mini.select_cells("sweep", None) == mini.experiments()["sweep"]
+    with pytest.raises(ConfigError, match=r"--cell 'chain-3'.*'chain-2'"):
+        mini.select_cells("sweep", ["chain-3"])
+
+
 def test_budget_summary_pairs_methods_by_seed(tmp_path):
     import pandas as pd
     rows = [dict(setting="multi-hop", regime="hard", method="start", seed=0, step=0, em_multi=4.0, em_single=40.0,

@@ -104,6 +104,8 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("action", choices=("list", "run", "report"))
     m.add_argument("experiment", nargs="?", help="budget, ledger, theory, shapes, ablation, sweep (see `tg mini list`)")
     m.add_argument("--workers", type=int, default=2, help="processes, one torch thread each (default 2 = 2 cores)")
+    m.add_argument("--cell", action="append", metavar="NAME",
+                   help="run only this cell (repeatable), e.g. --cell chain-16 --cell 'tree (1,2,1)'; default all")
     return ap
 
 
@@ -136,7 +138,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.action == "run":
             if not args.experiment:
                 raise ConfigError("tg mini run needs an EXPERIMENT name; see `tg mini list`")
-            mini.run_experiment(args.experiment, workers=args.workers)
+            cells = mini.select_cells(args.experiment, args.cell)
+            mini.run_experiment(args.experiment, workers=args.workers, cells=cells)
         if args.action == "report":
             for name in [args.experiment] if args.experiment else list(mini.experiments()):
                 try:

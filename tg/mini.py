@@ -105,6 +105,23 @@ def experiments() -> dict[str, list[Cell]]:
             "sweep": sweep}
 
 
+def select_cells(name: str, wanted: list[str] | None = None) -> list[Cell]:
+    """The cells of experiment `name`, or (with `wanted`) only those named: a full name or its last part
+    ("chain-16", "tree (1,2,1)"), so a long grid can run in pieces of whole cells."""
+    from tg.config import ConfigError
+    grids = experiments()
+    if name not in grids:
+        raise ConfigError(f"unknown experiment {name!r}; choose one of {sorted(grids)}")
+    if not wanted:
+        return grids[name]
+    matches = {w: [c for c in grids[name] if w in (c.name, c.name.rsplit("/", 1)[-1])] for w in wanted}
+    unknown = [w for w, cs in matches.items() if not cs]
+    if unknown:
+        raise ConfigError(f"--cell {unknown[0]!r} is not a cell of {name}; its cells: "
+                          f"{', '.join(repr(c.name.rsplit('/', 1)[-1]) for c in grids[name])}")
+    return [c for c in grids[name] if any(c in cs for cs in matches.values())]
+
+
 def describe(name: str | None = None) -> str:
     """The cells of one experiment (or all): name, kind, seeds, evaluation points, config overrides."""
     grids = experiments()
@@ -301,13 +318,9 @@ def run_experiment(name: str, workers: int = 2, root: str | Path | None = None,
     """Run every missing (cell, seed, point) of experiment `name`; rows go to <root>/results/mini/<name>.csv."""
     from tqdm.auto import tqdm
 
-    from tg.config import ConfigError
     from tg.pipeline import load_resources
     from tg.world import resolve
-    grids = experiments()
-    if cells is None and name not in grids:
-        raise ConfigError(f"unknown experiment {name!r}; choose one of {sorted(grids)}")
-    cells = grids[name] if cells is None else cells
+    cells = select_cells(name) if cells is None else cells
     root = Path(root) if root else resolve(".")
     path = root / "results" / "mini" / f"{name}.csv"
     reused = reuse_rows(cells, path)
