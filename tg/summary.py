@@ -63,12 +63,14 @@ def ledger_summary(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def cell_summary(df: pd.DataFrame, reference: str | Mapping[str, str] | None = None) -> pd.DataFrame:
-    """Any training grid, per (cell, step), cells in the order of their first row: multi-hop EM (mean, sd,
-    seeds), searches per multi-hop test question, tokens generated per training question; with `reference`
+    """Any training grid, per (cell, step), cells by budget (when the rows have one), then in the order of
+    their first row: multi-hop EM (mean, sd, seeds), searches per multi-hop test question, tokens generated
+    per training question; with `reference`
     (one cell for all, or a cell per cell), each cell's EM minus its reference's, paired by seed, its
     standard error, and the seeds where the cell is ahead (cells a mapping leaves out are not paired)."""
     runs = df[df["step"] > 0]
-    first_seen = {cell: i for i, cell in enumerate(runs["cell"].unique())}
+    by_budget = runs.sort_values("budget", kind="stable") if "budget" in runs else runs  # a grid run in pieces
+    first_seen = {cell: i for i, cell in enumerate(by_budget["cell"].unique())}
     out = runs.groupby(["cell", "step"], sort=False).agg(
         em=("em_multi", "mean"), sd=("em_multi", "std"), n=("seed", "nunique"), calls=("calls_multi", "mean"),
         generated=("generated_per_q", "mean")).reset_index()
