@@ -149,11 +149,11 @@ def test_cell_summary_pairs_each_cell_with_the_reference_by_seed():
 def test_sweep_report_pairs_each_tree_with_the_chain_of_its_budget_and_the_quarter_budget(tmp_path):
     import pandas as pd
     p = "multi-hop/hard/"
-    em = {"chain-16": 14.0, "chain-2": 5.0, "tree (1,2,1)": 6.0, "chain-4": 10.0, "chain-8": 12.0,
-          "tree (2,2,1)": 15.0, "tree (4,2,1)": 13.0, "tree (8,2,1)": 13.0}   # rows in the order a run in pieces left
+    em = {"chain-16": 14.0, "tree (1,2,1)": 6.0, "chain-2": 5.0, "chain-4": 10.0, "tree (4,2,1)": 13.0,
+          "chain-8": 12.0, "tree (2,2,1)": 15.0, "tree (8,2,1)": 13.0}   # rows in the order a run in pieces left
     budget = {c: float(c.split("-")[1]) if c.startswith("chain") else 2.0 * int(c[6]) for c in em}
-    rows = [dict(cell=p + c, seed=s, step=60, budget=budget[c], em_multi=v + s, calls_multi=2.0, generated_per_q=100.0)
-            for c, v in em.items() for s in range(2)]
+    rows = [dict(cell=p + c, seed=s, step=60, budget=budget[c], N=0 if c.startswith("chain") else 2, em_multi=v + s,
+                 calls_multi=2.0, generated_per_q=100.0) for c, v in em.items() for s in range(2)]
     s = summary.cell_summary(pd.DataFrame(rows), summary.REFERENCES["sweep"]).set_index("cell")
     assert [c[len(p):] for c in s.index] == [f"{m}-{g}" if m == "chain" else f"tree ({g // 2},2,1)"
                                              for g in (2, 4, 8, 16) for m in ("chain", "tree")]  # by budget, chain first
@@ -163,6 +163,7 @@ def test_sweep_report_pairs_each_tree_with_the_chain_of_its_budget_and_the_quart
     pd.DataFrame(rows).to_csv(tmp_path / "results" / "mini" / "sweep.csv", index=False)
     text = summary.report("sweep", tmp_path)
     quarter = text.split("Quarter budget")[1]
+    assert "- chain-16 (paired ± se)" in quarter and "the chain of its budget" not in quarter
     assert "| multi-hop/hard/tree (2,2,1) | 60 | 15.5 ± 0.7 | 2 | +1.0 ± 0.0 (2/2 ahead) |" in quarter
     assert "+5.0 ± 0.0 (2/2 ahead)" in text.split("Quarter budget")[0]
 

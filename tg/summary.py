@@ -63,13 +63,13 @@ def ledger_summary(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def cell_summary(df: pd.DataFrame, reference: str | Mapping[str, str] | None = None) -> pd.DataFrame:
-    """Any training grid, per (cell, step), cells by budget (when the rows have one), then in the order of
-    their first row: multi-hop EM (mean, sd, seeds), searches per multi-hop test question, tokens generated
+    """Any training grid, per (cell, step), cells by budget and chains (N = 0) first where the rows say, then
+    in the order of their first row: multi-hop EM (mean, sd, seeds), searches per multi-hop test question, tokens generated
     per training question; with `reference`
     (one cell for all, or a cell per cell), each cell's EM minus its reference's, paired by seed, its
     standard error, and the seeds where the cell is ahead (cells a mapping leaves out are not paired)."""
     runs = df[df["step"] > 0]
-    by_budget = runs.sort_values("budget", kind="stable") if "budget" in runs else runs  # a grid run in pieces
+    by_budget = runs.sort_values([k for k in ("budget", "N") if k in runs], kind="stable")  # a grid run in pieces
     first_seen = {cell: i for i, cell in enumerate(by_budget["cell"].unique())}
     out = runs.groupby(["cell", "step"], sort=False).agg(
         em=("em_multi", "mean"), sd=("em_multi", "std"), n=("seed", "nunique"), calls=("calls_multi", "mean"),
@@ -128,14 +128,15 @@ def report(name: str, root: str | Path | None = None) -> str:
     table = _cell_table(df, REFERENCES.get(name))
     if name != "sweep":
         return table
-    quarter = _cell_table(df, QUARTER_BUDGET, cells=list(QUARTER_BUDGET))
+    quarter = _cell_table(df, QUARTER_BUDGET, cells=list(QUARTER_BUDGET), against="chain-16")
     return f"{table}\n\nQuarter budget (claim 3): the tree at budget 4 against the chain at 16\n\n{quarter}"
 
 
-def _cell_table(df: pd.DataFrame, ref: str | Mapping[str, str] | None, cells: list[str] | None = None) -> str:
+def _cell_table(df: pd.DataFrame, ref: str | Mapping[str, str] | None, cells: list[str] | None = None,
+                against: str | None = None) -> str:
     rows = cell_summary(df, ref)
     rows = rows[rows["cell"].isin(cells)] if cells else rows
-    against = "the chain of its budget" if isinstance(ref, Mapping) else (ref or "reference")
+    against = against or ("the chain of its budget" if isinstance(ref, Mapping) else (ref or "reference"))
     paired = [f"{r.diff:+.1f} ± {r.diff_se:.1f} ({r.ahead:.0f}/{r.pairs:.0f} ahead)" if pd.notna(r.diff) and r.cell != ref
               else "" for r in rows.itertuples()] if ref else [""] * len(rows)
     return _markdown(["cell", "step", "multi-hop EM (mean ± sd)", "seeds", f"- {against} (paired ± se)",
