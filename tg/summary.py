@@ -64,12 +64,12 @@ def ledger_summary(df: pd.DataFrame) -> pd.DataFrame:
 
 def cell_summary(df: pd.DataFrame, reference: str | Mapping[str, str] | None = None) -> pd.DataFrame:
     """Any training grid, per (cell, step), cells by budget and chains (N = 0) first where the rows say, then
-    in the order of their first row: multi-hop EM (mean, sd, seeds), searches per multi-hop test question, tokens generated
-    per training question; with `reference`
-    (one cell for all, or a cell per cell), each cell's EM minus its reference's, paired by seed, its
-    standard error, and the seeds where the cell is ahead (cells a mapping leaves out are not paired)."""
+    in the order of their first row: multi-hop EM (mean, sd, seeds), searches per multi-hop test question,
+    tokens generated per training question; with `reference` (one cell for all, or a cell per cell), each
+    cell's EM minus its reference's, paired by seed, its standard error, and the seeds where the cell is
+    ahead (cells a mapping leaves out are not paired)."""
     runs = df[df["step"] > 0]
-    by_budget = runs.sort_values([k for k in ("budget", "N") if k in runs], kind="stable")  # a grid run in pieces
+    by_budget = runs.sort_values([k for k in ("budget", "N") if k in runs], kind="stable")  # a grid run in pieces: rows out of order
     first_seen = {cell: i for i, cell in enumerate(by_budget["cell"].unique())}
     out = runs.groupby(["cell", "step"], sort=False).agg(
         em=("em_multi", "mean"), sd=("em_multi", "std"), n=("seed", "nunique"), calls=("calls_multi", "mean"),
