@@ -114,12 +114,12 @@ def select_cells(name: str, wanted: list[str] | None = None) -> list[Cell]:
         raise ConfigError(f"unknown experiment {name!r}; choose one of {sorted(grids)}")
     if not wanted:
         return grids[name]
-    matches = {w: [c for c in grids[name] if w in (c.name, c.name.rsplit("/", 1)[-1])] for w in wanted}
-    unknown = [w for w, cs in matches.items() if not cs]
+    short = {c.name: c.name.rsplit("/", 1)[-1] for c in grids[name]}
+    unknown = [w for w in wanted if w not in short and w not in short.values()]
     if unknown:
         raise ConfigError(f"--cell {unknown[0]!r} is not a cell of {name}; its cells: "
-                          f"{', '.join(repr(c.name.rsplit('/', 1)[-1]) for c in grids[name])}")
-    return [c for c in grids[name] if any(c in cs for cs in matches.values())]
+                          f"{', '.join(map(repr, short.values()))}")
+    return [c for c in grids[name] if c.name in wanted or short[c.name] in wanted]
 
 
 def describe(name: str | None = None) -> str:
