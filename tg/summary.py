@@ -128,15 +128,17 @@ def report(name: str, root: str | Path | None = None) -> str:
     table = _cell_table(df, REFERENCES.get(name))
     if name != "sweep":
         return table
-    quarter = _cell_table(df, QUARTER_BUDGET, cells=list(QUARTER_BUDGET), against="chain-16")
+    quarter = _cell_table(df, QUARTER_BUDGET, cells=list(QUARTER_BUDGET))
     return f"{table}\n\nQuarter budget (claim 3): the tree at budget 4 against the chain at 16\n\n{quarter}"
 
 
-def _cell_table(df: pd.DataFrame, ref: str | Mapping[str, str] | None, cells: list[str] | None = None,
-                against: str | None = None) -> str:
+def _cell_table(df: pd.DataFrame, ref: str | Mapping[str, str] | None, cells: list[str] | None = None) -> str:
     rows = cell_summary(df, ref)
     rows = rows[rows["cell"].isin(cells)] if cells else rows
-    against = against or ("the chain of its budget" if isinstance(ref, Mapping) else (ref or "reference"))
+    against = ref or "reference"
+    if isinstance(ref, Mapping):  # one reference cell for all (the quarter budget) is named; several are not
+        refs = set(ref.values())
+        against = refs.pop().rsplit("/", 1)[-1] if len(refs) == 1 else "the chain of its budget"
     paired = [f"{r.diff:+.1f} ± {r.diff_se:.1f} ({r.ahead:.0f}/{r.pairs:.0f} ahead)" if pd.notna(r.diff) and r.cell != ref
               else "" for r in rows.itertuples()] if ref else [""] * len(rows)
     return _markdown(["cell", "step", "multi-hop EM (mean ± sd)", "seeds", f"- {against} (paired ± se)",
