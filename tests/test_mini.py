@@ -60,8 +60,13 @@ def test_declared_grids_and_regimes():
     assert leaves["intra"] == leaves["inter"] == leaves["intra+inter"] == {3, 7}   # Table 4's two tree sizes
     trees = [mini.cell_config(c, 0).tree for c in grids["shapes"] if c.kind == "train"]
     assert {matched_chain_group(t.M, t.N, t.L) for t in trees} == {4}                # Table 7's budget ≈4 block
-    sweep = [mini.cell_config(c, 0).tree for c in grids["sweep"] if c.kind == "train"]      # Table 3's pairs
-    assert sorted((t.chain_equivalent_budget, t.is_chain) for t in sweep) == [(b, m) for b in (2, 4, 8, 16) for m in (False, True)]
+    for regime in mini.REGIMES:                                           # claims 3-5 in both starts, alike
+        sweep = [mini.cell_config(c, 0) for c in grids["sweep"] if c.kind == "train" and f"/{regime}/" in c.name]
+        assert all(cfg.warmup.early_stop_share == (0.95 if regime == "hard" else 0.5) for cfg in sweep)
+        assert sorted((c.tree.chain_equivalent_budget, c.tree.is_chain) for c in sweep) == [
+            (b, m) for b in (2, 4, 8, 16) for m in (False, True)]                       # Table 3's pairs
+        for grid in ("ablation", "shapes", "sweep"):
+            assert sum(f"/{regime}/" in c.name for c in grids[grid]) == len(grids[grid]) // 2
     assert all(len(c.seeds) >= 5 for c in grids["sweep"] + grids["ablation"] if c.kind == "train")
     tree = mini.cell_config(budget["multi-hop/hard/tree"], 3)
     assert (tree.tree.M, tree.tree.N, tree.tree.L, tree.optim.seed, tree.warmup.early_stop_share) == (2, 2, 1, 3, 0.95)
@@ -73,10 +78,11 @@ def test_unknown_experiment_names_the_choices(tmp_path):
 
 
 def test_select_cells_runs_a_grid_in_pieces_and_names_bad_cells():
-    picked = mini.select_cells("sweep", ["chain-16", "tree (1,2,1)", "multi-hop/hard/chain-2"])
-    assert [c.name for c in picked] == ["multi-hop/hard/chain-2", "multi-hop/hard/chain-16", "multi-hop/hard/tree (1,2,1)"]
+    picked = mini.select_cells("sweep", ["hard/chain-16", "tree (1,2,1)", "multi-hop/hard/chain-2"])
+    assert [c.name for c in picked] == ["multi-hop/hard/chain-2", "multi-hop/hard/chain-16", "multi-hop/hard/tree (1,2,1)",
+                                        "multi-hop/moderate/tree (1,2,1)"]     # a last part names the cell in both starts
     assert mini.select_cells("sweep", None) == mini.experiments()["sweep"]
-    with pytest.raises(ConfigError, match=r"--cell 'chain-3'.*'chain-2'"):
+    with pytest.raises(ConfigError, match=r"--cell 'chain-3'.*'multi-hop/hard/chain-2'"):
         mini.select_cells("sweep", ["chain-3"])
 
 

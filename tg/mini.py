@@ -77,9 +77,9 @@ def _train_cells(regime: str, setting: str, shapes: dict[str, tuple[str, ...]], 
 
 def experiments() -> dict[str, list[Cell]]:
     """The named grids. `budget`: claims 2 and 6 at the paper's budget 4 (chain G=4 vs tree (2,2,1)),
-    multi-hop in both regimes and single-hop; `ledger`: claim 1; `theory`: claim 7; `ablation` (claim 4,
-    Table 4: intra / inter / both at 3 and 7 leaves per tree), `shapes` (claim 5, Table 7 at budget 4) and
-    `sweep` (claim 3, Table 3: chain G vs tree (G/2, 2, 1) at budgets 2, 4, 8, 16)."""
+    multi-hop in both regimes and single-hop; `ledger`: claim 1; `theory`: claim 7; multi-hop in both regimes,
+    `ablation` (claim 4, Table 4: intra / inter / both at 3 and 7 leaves per tree), `shapes` (claim 5, Table 7
+    at budget 4) and `sweep` (claim 3, Table 3: chain G vs tree (G/2, 2, 1) at budgets 2, 4, 8, 16)."""
     pair = {"chain": CHAIN4, "tree": TREE221}
     # 5 seeds per cell, as declared; the first session's CPU time ran seeds 0-2 (0-3 from the hard start),
     # and `tg mini run budget` adds the rest seed by seed (results/mini/README.md: seeds)
@@ -89,37 +89,40 @@ def experiments() -> dict[str, list[Cell]]:
                    seeds=SEEDS3, labels=dict(method="chain" if n == 0 else "tree"))
               for regime in REGIMES for m, n, l in LEDGER_SHAPES]
     theory = [Cell("toy-tree", "theory", seeds=tuple(range(20)))]
-    # claims 4 and 5 (Tables 4 and 7) from the hard start: about 7 and 2-3 hours on 2 cores
-    ablation = _train_cells("hard", "multi-hop", {"chain": CHAIN4, "chain-8": tree_shape(8, 0, 0)})
-    for adv in ("intra", "inter", "intra+inter"):
-        ablation += _train_cells("hard", "multi-hop", {f"{adv} (2,2,1)": TREE221, f"{adv} (2,6,1)": tree_shape(2, 6, 1)},
-                                 advantage=adv, start=False)
-    shapes = _train_cells("hard", "multi-hop", {f"({m},{n},{l})": tree_shape(m, n, l)
-                                                for m, n, l in [(4, 0, 0), (2, 2, 1), (2, 1, 2), (1, 5, 1)]})
-    # claim 3 (Table 3's budget pairs) from the hard start; budget 4 and chain-8 are copied from the budget and
-    # ablation grids (`reuse_rows`); the rest is about 16 h on one core, 8 h on 2
-    sweep = _train_cells("hard", "multi-hop", {f"chain-{g}": tree_shape(g, 0, 0) for g in (2, 4, 8, 16)}) + _train_cells(
-        "hard", "multi-hop", {f"tree ({m},{n},{l})": tree_shape(m, n, l) for m, n, l in [(1, 2, 1), (2, 2, 1), (4, 2, 1), (8, 2, 1)]},
-        start=False)
+    # claims 3-5 (Tables 3, 4 and 7) from both starts: the hard start's cells were declared and run first
+    # (2026-11-30/12-01); the moderate start's were declared 2026-12-01 (session 12), before any of them ran.
+    # Cells whose configuration another grid ran (chain 4, (2,2,1), chain 8) are copied (`reuse_rows`).
+    ablation, shapes, sweep = [], [], []
+    for regime in ("hard", "moderate"):
+        ablation += _train_cells(regime, "multi-hop", {"chain": CHAIN4, "chain-8": tree_shape(8, 0, 0)})
+        for adv in ("intra", "inter", "intra+inter"):
+            ablation += _train_cells(regime, "multi-hop", {f"{adv} (2,2,1)": TREE221,
+                                                           f"{adv} (2,6,1)": tree_shape(2, 6, 1)}, advantage=adv, start=False)
+        shapes += _train_cells(regime, "multi-hop", {f"({m},{n},{l})": tree_shape(m, n, l)
+                                                     for m, n, l in [(4, 0, 0), (2, 2, 1), (2, 1, 2), (1, 5, 1)]})
+        sweep += _train_cells(regime, "multi-hop", {f"chain-{g}": tree_shape(g, 0, 0) for g in (2, 4, 8, 16)})
+        sweep += _train_cells(regime, "multi-hop", {f"tree ({m},{n},{l})": tree_shape(m, n, l)
+                                                    for m, n, l in [(1, 2, 1), (2, 2, 1), (4, 2, 1), (8, 2, 1)]}, start=False)
     return {"budget": budget, "ledger": ledger, "theory": theory, "ablation": ablation, "shapes": shapes,
             "sweep": sweep}
 
 
 def select_cells(name: str, wanted: list[str] | None = None) -> list[Cell]:
-    """The cells of experiment `name`, or (with `wanted`) only those named: a full name or its last part
-    ("chain-16", "tree (1,2,1)"), so a long grid can run in pieces of whole cells."""
+    """The cells of experiment `name`, or (with `wanted`) only those named: a full name or its last parts
+    ("chain-16" in both starts, "moderate/chain-16" in one), so a long grid can run in pieces of whole cells."""
     from tg.config import ConfigError
     grids = experiments()
     if name not in grids:
         raise ConfigError(f"unknown experiment {name!r}; choose one of {sorted(grids)}")
     if not wanted:
         return grids[name]
-    short = {c.name: c.name.rsplit("/", 1)[-1] for c in grids[name]}
-    unknown = [w for w in wanted if w not in short and w not in short.values()]
+    def named(cell: Cell, w: str) -> bool:
+        return cell.name == w or cell.name.endswith("/" + w)
+    unknown = [w for w in wanted if not any(named(c, w) for c in grids[name])]
     if unknown:
         raise ConfigError(f"--cell {unknown[0]!r} is not a cell of {name}; its cells: "
-                          f"{', '.join(map(repr, short.values()))}")
-    return [c for c in grids[name] if c.name in wanted or short[c.name] in wanted]
+                          f"{', '.join(repr(c.name) for c in grids[name])}")
+    return [c for c in grids[name] if any(named(c, w) for w in wanted)]
 
 
 def describe(name: str | None = None) -> str:
