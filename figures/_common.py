@@ -70,8 +70,24 @@ def final_rows(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return df[df["step"] == last]
 
 
+def by_start(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """`tg mini`'s rows split by starting regime, the hard start first; rows without a `regime` column are
+    one group named '' (as are rows whose regime is empty)."""
+    regime = df["regime"].fillna("").astype(str) if "regime" in df else pd.Series("", index=df.index)
+    present = set(regime)
+    order = [r for r in ("hard", "moderate") if r in present] + sorted(present - {"hard", "moderate"})
+    return [(r, df[regime == r]) for r in order]
+
+
+def start_title(regime: str) -> str:
+    """' hard start' for a regime's panel title; '' when the rows name none."""
+    return f" {regime} start" if regime else ""
+
+
 def seed_stats(df: pd.DataFrame, keys: list[str], value: str) -> pd.DataFrame:
-    """Mean, std (0 for one seed) and number of seeds of `value` per cell, at the cell's last step."""
+    """Mean, std (0 for one seed) and number of seeds of `value` per cell, at the cell's last step; per
+    starting regime too where the rows have one (runs from different starts are never pooled)."""
+    keys = keys + ["regime"] if "regime" in df and "regime" not in keys else keys
     rows = final_rows(df, keys)
     out = rows.groupby(keys, dropna=False)[value].agg(["mean", "std", "count"]).reset_index()
     out["std"] = out["std"].fillna(0.0)

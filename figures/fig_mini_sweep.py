@@ -1,9 +1,9 @@
-"""Claim 3 of the miniature: chain vs tree trained at budgets ≈2, 4, 8, 16 from the hard start (Table 3).
+"""Claim 3 of the miniature: chain vs tree trained at budgets ≈2, 4, 8, 16 from each start (Table 3).
 
 Left: the paper's multi-hop rows of Table 3 (results/paper/table3_budget_em.csv, Qwen2.5-3b). Right: the
 tg miniature (results/mini/sweep.csv, `tg mini run sweep`: chain G against tree (G/2, 2, 1), multi-hop,
-from the hard-exploration start), multi-hop EM at each seed's last step, mean ± std over seeds; a
-"not run yet" note until the file exists. The dotted line marks the tree at ≈4, for the paper's
+one panel per starting regime, hard first), multi-hop EM at each seed's last step, mean ± std over seeds;
+a "not run yet" note until the file exists. The dotted line marks the tree at ≈4, for the paper's
 "a tree at a quarter of the budget matches the chain" reading.
 Writes figures/fig_mini_sweep.png.
 """
@@ -44,21 +44,23 @@ def _quarter(ax, df: pd.DataFrame) -> None:
 
 def draw(root: Path):
     paper, ours = load(root)
-    fig, (left, right) = c.plt.subplots(1, 2, figsize=(11, 4.2))
+    starts = c.by_start(ours) if ours is not None else [("", None)]
+    fig, (left, *right) = c.plt.subplots(1, 1 + len(starts), figsize=(5.5 * (1 + len(starts)), 4.2))
     panel(left, paper)
     _quarter(left, paper)
     left.set_title(f"{c.PAPER}, Qwen2.5-3b: multi-hop avg", fontsize=9)
     left.set_ylabel("EM (x100)")
     left.legend(fontsize=7.5, loc="lower right")
-    if ours is None:
-        c.note(right, "tg miniature: not run yet\n(`tg mini run sweep`; see results/mini/README.md)")
-    else:
-        panel(right, ours)
-        _quarter(right, ours)
-        right.set_title(f"{ours['label'].iloc[0]} miniature, hard start: multi-hop EM,\nmean ± std (band) over "
-                        f"{c.seed_count(ours['count'])} seeds", fontsize=9)
-        right.legend(fontsize=7.5, loc="lower right")
-    for ax in (left, right):
+    for ax, (regime, df) in zip(right, starts):
+        if df is None:
+            c.note(ax, "tg miniature: not run yet\n(`tg mini run sweep`; see results/mini/README.md)")
+            continue
+        panel(ax, df)
+        _quarter(ax, df)
+        ax.set_title(f"{ours['label'].iloc[0]} miniature,{c.start_title(regime)}:\nmulti-hop EM, mean ± std (band) "
+                     f"over {c.seed_count(df['count'])} seeds", fontsize=9)
+        ax.legend(fontsize=7.5, loc="lower right")
+    for ax in (left, *right):
         ax.set_xlabel("budget (chain-equivalent trajectories per prompt)")
     fig.suptitle("Table 3 with training at each budget (left: paper; right: tg, a different model and world)",
                  fontsize=10)

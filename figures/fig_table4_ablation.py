@@ -46,7 +46,7 @@ def load(root: Path) -> tuple[pd.DataFrame, pd.DataFrame | None]:
         return _with_shape(paper), None
     mini = c.final_rows(c.trained(mini).assign(advantage=_advantage(mini)), ["budget", "advantage"])
     gone = mini.get("collapsed", pd.Series(False, index=mini.index)).astype(str).str.lower().isin(["1", "true"])
-    keys = ["budget", "advantage", "M", "N", "L"]
+    keys = ["budget", "advantage", "M", "N", "L"] + (["regime"] if "regime" in mini else [])
     ours = c.seed_stats(mini[~gone], keys, "em_multi").merge(
         mini.assign(collapsed=gone).groupby(keys, dropna=False)["collapsed"].sum().reset_index(), how="right")
     return _with_shape(paper), _with_shape(ours.assign(label=c.tg_label(mini)))
@@ -91,17 +91,19 @@ def _mark_collapse(ax, x: float, r: pd.Series) -> None:
 
 def draw(root: Path):
     paper, ours = load(root)
-    fig, (left, right) = c.plt.subplots(1, 2, figsize=(11, 4.2))
+    starts = c.by_start(ours) if ours is not None else [("", None)]
+    fig, (left, *right) = c.plt.subplots(1, 1 + len(starts), figsize=(5.5 * (1 + len(starts)), 4.2))
     panel(left, paper)
     left.set_title(f"{c.PAPER}, Qwen2.5-3b: multi-hop avg", fontsize=9)
     left.set_ylabel("EM (x100)")
     left.set_ylim(0, paper["mean"].max() * 1.15)
-    if ours is None:
-        c.note(right, "tg miniature: not run yet\n(see results/mini/README.md)")
-    else:
-        panel(right, ours)
-        right.set_title(f"{ours['label'].iloc[0]} miniature: multi-hop EM,\nmean ± std over "
-                        f"{c.seed_count(ours['count'] + ours['collapsed'])} seeds", fontsize=9)
+    for ax, (regime, df) in zip(right, starts):
+        if df is None:
+            c.note(ax, "tg miniature: not run yet\n(see results/mini/README.md)")
+            continue
+        panel(ax, df)
+        ax.set_title(f"{ours['label'].iloc[0]} miniature,{c.start_title(regime)}:\nmulti-hop EM, mean ± std over "
+                     f"{c.seed_count(df['count'] + df['collapsed'])} seeds", fontsize=9)
     fig.suptitle("Table 4: advantage ablation (left: paper; right: tg, a different model and world)", fontsize=10)
     handles, labels = left.get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncols=4, fontsize=8, bbox_to_anchor=(0.5, -0.06))

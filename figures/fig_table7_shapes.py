@@ -2,8 +2,9 @@
 
 Top: the paper (results/paper/table7_tree_structure_em.csv, Qwen2.5-3b, multi-hop avg EM; its first
 block is printed "budget about 2", recorded as 4, see results/paper/README.md). Bottom: the tg
-miniature (results/mini/shapes.csv: budget, M, N, L, seed, em_multi, ...), mean ± std over seeds, each
-shape in the block of the power of 2 nearest its budget, as the paper groups them.
+miniature (results/mini/shapes.csv: budget, M, N, L, regime, seed, em_multi, ...), mean ± std over seeds, each
+shape in the block of the power of 2 nearest its budget, as the paper groups them, one block per starting
+regime (hard first).
 Each bar is labelled with its shape, its leaves per prompt, M (1 + L N), and its expected cost in
 chains, M (1 + L N / 2) (`tg.budget.chain_equivalent_budget`).
 Writes figures/fig_table7_shapes.png.
@@ -56,12 +57,15 @@ def panel(ax, df: pd.DataFrame) -> None:
 
 
 def _row(subfig, df: pd.DataFrame, title) -> list:
-    budgets = sorted(df["budget"].unique())
-    sizes = [int((df["budget"] == b).sum()) for b in budgets]
-    axes = subfig.subplots(1, len(budgets), sharey=True, width_ratios=sizes, squeeze=False)[0]
-    for ax, b in zip(axes, budgets):
-        panel(ax, df[df["budget"] == b])
-        ax.set_title(title(b), fontsize=9)
+    """One panel per block: (start, budget) in the rows' order for ours, budget for the paper's."""
+    df = df.assign(regime=df["regime"] if "regime" in df else "").sort_values("budget", kind="stable")
+    df = pd.concat([d for _, d in c.by_start(df)])
+    blocks = list(dict.fromkeys(zip(df["regime"], df["budget"])))
+    in_block = [(df["regime"] == r) & (df["budget"] == b) for r, b in blocks]
+    axes = subfig.subplots(1, len(blocks), sharey=True, width_ratios=[int(m.sum()) for m in in_block], squeeze=False)[0]
+    for ax, (r, b), m in zip(axes, blocks, in_block):
+        panel(ax, df[m])
+        ax.set_title(title(r, b), fontsize=9)
     axes[0].set_ylabel("multi-hop EM (x100)")
     return axes
 
@@ -71,13 +75,13 @@ def draw(root: Path):
     fig = c.plt.figure(figsize=(12, 7.5 if ours is not None else 5), layout="constrained")
     top, bottom = fig.subfigures(2, 1, height_ratios=[1, 1 if ours is not None else 0.3])
     top.suptitle(f"{c.PAPER}, Qwen2.5-3b: multi-hop avg EM", fontsize=9.5)
-    axes = _row(top, paper, lambda b: f"budget ≈{b:g}" + (" (printed ≈2; see results/paper/README.md)" if b == 4 else ""))
+    axes = _row(top, paper, lambda _, b: f"budget ≈{b:g}" + (" (printed ≈2; see results/paper/README.md)" if b == 4 else ""))
     axes[0].set_ylim(0, paper["mean"].max() * 1.12)
     if ours is None:
         c.note(bottom.subplots(), "tg miniature: not run yet (see results/mini/README.md)")
     else:
         bottom.suptitle(f"{ours['label'].iloc[0]} miniature: multi-hop EM, mean ± std over seeds", fontsize=9.5)
-        _row(bottom, ours, lambda b: f"budget ≈{b:g}")
+        _row(bottom, ours, lambda r, b: f"budget ≈{b:g},{c.start_title(r)}")
     fig.suptitle("Table 7: tree shape (M trees, N nodes expanded per iteration, L iterations) at a fixed budget; "
                  "blue = chains;\nleaves = M (1 + L N) trajectories per prompt; cost = M (1 + L N / 2) chain-equivalents",
                  fontsize=10)

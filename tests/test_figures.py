@@ -216,6 +216,26 @@ def test_ours_sweep_reads_the_last_step_of_training_rows(with_ours):
     assert "tree at ≈4" in texts(script("fig_mini_sweep").draw(with_ours))
 
 
+def test_grids_from_both_starts_are_drawn_per_start_never_pooled(tmp_path):
+    """Claims 3-5 run from the hard and the moderate start: one panel (or block) per start, hard first."""
+    shutil.copytree(ROOT / "results" / "paper", tmp_path / "results" / "paper")
+    (tmp_path / "results" / "mini").mkdir()
+    cells = [dict(budget=4, M=4, N=0, L=0, method="chain", advantage="chain"),
+             dict(budget=4, M=2, N=2, L=1, method="tree", advantage="intra+inter")]
+    rows = pd.DataFrame(_rows([dict(cell, regime=r) for r in ("moderate", "hard") for cell in cells], 2,
+                              lambda cell, s: (30.0 if cell["regime"] == "moderate" else 10.0) + cell["N"] + s))
+    for name in ("sweep", "ablation", "shapes"):
+        rows.to_csv(tmp_path / "results" / "mini" / f"{name}.csv", index=False)
+    _, ours = script("fig_mini_sweep").load(tmp_path)
+    assert sorted(zip(ours["regime"], ours["mean"])) == [("hard", 10.5), ("hard", 12.5), ("moderate", 30.5),
+                                                          ("moderate", 32.5)]
+    for name in ("fig_mini_sweep", "fig_table4_ablation"):
+        titles = [ax.get_title() for ax in script(name).draw(tmp_path).axes]
+        assert ["hard start" in t for t in titles[1:]] == [True, False] and "moderate start" in titles[2]
+    titles = [ax.get_title() for ax in script("fig_table7_shapes").draw(tmp_path).axes if "start" in ax.get_title()]
+    assert titles == ["budget ≈4, hard start", "budget ≈4, moderate start"]
+
+
 def test_ours_demo_and_runs(with_ours):
     df, em, calls = script("fig_demo").load(with_ours)
     assert em == ["synthetic_single", "synthetic_multi"] and calls == ["calls_synthetic_single", "calls_synthetic_multi"]

@@ -152,6 +152,17 @@ def test_cell_summary_pairs_each_cell_with_the_reference_by_seed():
     assert (s.loc["(1,5,1)", "diff"], s.loc["(1,5,1)", "ahead"]) == (-2.0, 0) and s.loc["chain", "diff"] == 0.0
 
 
+def test_cell_summary_pairs_each_cell_within_its_own_start():
+    """A grid run from both starts: each cell is paired with the reference of its own start, hard first."""
+    import pandas as pd
+    em = {"moderate/(4,0,0)": 20.0, "moderate/(2,1,2)": 25.0, "hard/(4,0,0)": 10.0, "hard/(2,1,2)": 11.0}
+    rows = [dict(cell=f"multi-hop/{c}", regime=c.split("/")[0], seed=s, step=60, budget=4.0, N=0 if "4,0" in c else 1,
+                 em_multi=v + s, calls_multi=2.0, generated_per_q=100.0) for c, v in em.items() for s in range(2)]
+    s = summary.cell_summary(pd.DataFrame(rows), summary.REFERENCES["shapes"])
+    assert list(s.cell) == [f"multi-hop/{r}/{c}" for r in ("hard", "moderate") for c in ("(4,0,0)", "(2,1,2)")]
+    assert list(s["diff"]) == [0.0, 1.0, 0.0, 5.0]
+
+
 def test_sweep_report_pairs_each_tree_with_the_chain_of_its_budget_and_the_quarter_budget(tmp_path):
     import pandas as pd
     p = "multi-hop/hard/"

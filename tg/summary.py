@@ -63,13 +63,14 @@ def ledger_summary(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def cell_summary(df: pd.DataFrame, reference: str | Mapping[str, str] | None = None) -> pd.DataFrame:
-    """Any training grid, per (cell, step), cells by budget and chains (N = 0) first where the rows say, then
-    in the order of their first row: multi-hop EM (mean, sd, seeds), searches per multi-hop test question,
-    tokens generated per training question; with `reference` (one cell for all, or a cell per cell), each
-    cell's EM minus its reference's, paired by seed, its standard error, and the seeds where the cell is
-    ahead (cells a mapping leaves out are not paired)."""
+    """Any training grid, per (cell, step), cells by starting regime, budget and chains (N = 0) first where the
+    rows say, then in the order of their first row: multi-hop EM (mean, sd, seeds), searches per multi-hop test
+    question, tokens generated per training question; with `reference` (one cell for all, or a cell per cell,
+    named by the last part of a cell name and looked up in the cell's own setting and start), each cell's EM minus
+    its reference's, paired by seed, its standard error, and the seeds where the cell is ahead (cells a mapping
+    leaves out are not paired)."""
     runs = df[df["step"] > 0]
-    by_budget = runs.sort_values([k for k in ("budget", "N") if k in runs], kind="stable")  # a grid run in pieces: rows out of order
+    by_budget = runs.sort_values([k for k in ("regime", "budget", "N") if k in runs], kind="stable")  # a grid run in pieces
     first_seen = {cell: i for i, cell in enumerate(by_budget["cell"].unique())}
     out = runs.groupby(["cell", "step"], sort=False).agg(
         em=("em_multi", "mean"), sd=("em_multi", "std"), n=("seed", "nunique"), calls=("calls_multi", "mean"),
@@ -78,7 +79,8 @@ def cell_summary(df: pd.DataFrame, reference: str | Mapping[str, str] | None = N
                           kind="stable", ignore_index=True)
     if reference is None:
         return out
-    ref_cell = runs["cell"].map(reference) if isinstance(reference, Mapping) else pd.Series(reference, runs.index)
+    prefix, sep, short = (runs["cell"].str.rpartition("/")[i] for i in range(3))
+    ref_cell = prefix + sep + (short.map(reference) if isinstance(reference, Mapping) else reference)
     em = runs.set_index(["cell", "step", "seed"])["em_multi"]
     diff = runs["em_multi"].to_numpy() - em.reindex(pd.MultiIndex.from_arrays(
         [ref_cell, runs["step"], runs["seed"]])).to_numpy()
@@ -87,13 +89,11 @@ def cell_summary(df: pd.DataFrame, reference: str | Mapping[str, str] | None = N
     return out.merge(paired.reset_index(), on=["cell", "step"], how="left")
 
 
-_SWEEP = "multi-hop/hard/"
 REFERENCES: dict[str, str | dict[str, str]] = {
-    "shapes": "multi-hop/hard/(4,0,0)", "ablation": "multi-hop/hard/chain",
-    "sweep": {f"{_SWEEP}tree ({g // 2},2,1)": f"{_SWEEP}chain-{g}" for g in (2, 4, 8, 16)}}
-"""The cell each grid's report pairs the others with: the chain of budget 4, or (sweep) each tree's chain of
-its budget (tg.mini declares the grids)."""
-QUARTER_BUDGET = {f"{_SWEEP}tree (2,2,1)": f"{_SWEEP}chain-16"}
+    "shapes": "(4,0,0)", "ablation": "chain", "sweep": {f"tree ({g // 2},2,1)": f"chain-{g}" for g in (2, 4, 8, 16)}}
+"""The cell each grid's report pairs the others with, in each cell's own start: the chain of budget 4, or
+(sweep) each tree's chain of its budget (tg.mini declares the grids)."""
+QUARTER_BUDGET = {"tree (2,2,1)": "chain-16"}
 """Claim 3's "quarter budget": the tree at budget 4 against the chain at 16 (sweep)."""
 
 
@@ -134,13 +134,13 @@ def report(name: str, root: str | Path | None = None) -> str:
 
 def _cell_table(df: pd.DataFrame, ref: str | Mapping[str, str] | None, cells: list[str] | None = None) -> str:
     rows = cell_summary(df, ref)
-    rows = rows[rows["cell"].isin(cells)] if cells else rows
+    rows = rows[rows["cell"].str.rpartition("/")[2].isin(cells)] if cells else rows
     against = ref or "reference"
     if isinstance(ref, Mapping):  # one reference cell for all (the quarter budget) is named; several are not
         refs = set(ref.values())
-        against = refs.pop().rsplit("/", 1)[-1] if len(refs) == 1 else "the chain of its budget"
-    paired = [f"{r.diff:+.1f} ± {r.diff_se:.1f} ({r.ahead:.0f}/{r.pairs:.0f} ahead)" if pd.notna(r.diff) and r.cell != ref
-              else "" for r in rows.itertuples()] if ref else [""] * len(rows)
+        against = refs.pop() if len(refs) == 1 else "the chain of its budget"
+    paired = [f"{r.diff:+.1f} ± {r.diff_se:.1f} ({r.ahead:.0f}/{r.pairs:.0f} ahead)"
+              if pd.notna(r.diff) and r.cell.rpartition("/")[2] != ref else "" for r in rows.itertuples()]
     return _markdown(["cell", "step", "multi-hop EM (mean ± sd)", "seeds", f"- {against} (paired ± se)",
                       "searches / multi-hop q", "generated tokens / training q"],
                      [[r.cell, str(r.step), f"{r.em:.1f} ± {r.sd:.1f}", str(r.n), d, f"{r.calls:.2f}", f"{r.generated:.0f}"]
