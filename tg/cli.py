@@ -105,7 +105,8 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("experiment", nargs="?", help="budget, ledger, theory, shapes, ablation, sweep (see `tg mini list`)")
     m.add_argument("--workers", type=int, default=2, help="processes, one torch thread each (default 2 = 2 cores)")
     m.add_argument("--cell", action="append", metavar="NAME",
-                   help="run only this cell (repeatable), e.g. --cell chain-16 --cell 'tree (1,2,1)'; default all")
+                   help="run only this cell (repeatable): a name or its last parts, e.g. --cell 'tree (1,2,1)' (both "
+                        "starts) --cell moderate/chain-16 (one); default all")
     return ap
 
 
