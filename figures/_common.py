@@ -79,6 +79,15 @@ def by_start(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     return [(r, df[regime == r]) for r in order]
 
 
+def paper_beside_starts(ours: pd.DataFrame | None, width: float = 5.5, height: float = 4.2):
+    """A figure of one row: the paper's panel on the left, then one tg panel per starting regime (`by_start`),
+    or one panel for 'not run yet' when `ours` is None. Returns (figure, left axes, [(axes, regime, rows)]),
+    rows None for the empty panel."""
+    starts = by_start(ours) if ours is not None else [("", None)]
+    fig, (left, *right) = plt.subplots(1, 1 + len(starts), figsize=(width * (1 + len(starts)), height))
+    return fig, left, [(ax, regime, rows) for ax, (regime, rows) in zip(right, starts)]
+
+
 def start_title(regime: str) -> str:
     """' hard start' for a regime's panel title; '' when the rows name none."""
     return f" {regime} start" if regime else ""

@@ -44,14 +44,13 @@ def _quarter(ax, df: pd.DataFrame) -> None:
 
 def draw(root: Path):
     paper, ours = load(root)
-    starts = c.by_start(ours) if ours is not None else [("", None)]
-    fig, (left, *right) = c.plt.subplots(1, 1 + len(starts), figsize=(5.5 * (1 + len(starts)), 4.2))
+    fig, left, right = c.paper_beside_starts(ours)
     panel(left, paper)
     _quarter(left, paper)
     left.set_title(f"{c.PAPER}, Qwen2.5-3b: multi-hop avg", fontsize=9)
     left.set_ylabel("EM (x100)")
     left.legend(fontsize=7.5, loc="lower right")
-    for ax, (regime, df) in zip(right, starts):
+    for ax, regime, df in right:
         if df is None:
             c.note(ax, "tg miniature: not run yet\n(`tg mini run sweep`; see results/mini/README.md)")
             continue
@@ -60,7 +59,7 @@ def draw(root: Path):
         ax.set_title(f"{ours['label'].iloc[0]} miniature,{c.start_title(regime)}:\nmulti-hop EM, mean ± std (band) "
                      f"over {c.seed_count(df['count'])} seeds", fontsize=9)
         ax.legend(fontsize=7.5, loc="lower right")
-    for ax in (left, *right):
+    for ax in fig.axes:
         ax.set_xlabel("budget (chain-equivalent trajectories per prompt)")
     fig.suptitle("Table 3 with training at each budget (left: paper; right: tg, a different model and world)",
                  fontsize=10)

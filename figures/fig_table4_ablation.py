@@ -91,13 +91,12 @@ def _mark_collapse(ax, x: float, r: pd.Series) -> None:
 
 def draw(root: Path):
     paper, ours = load(root)
-    starts = c.by_start(ours) if ours is not None else [("", None)]
-    fig, (left, *right) = c.plt.subplots(1, 1 + len(starts), figsize=(5.5 * (1 + len(starts)), 4.2))
+    fig, left, right = c.paper_beside_starts(ours)
     panel(left, paper)
     left.set_title(f"{c.PAPER}, Qwen2.5-3b: multi-hop avg", fontsize=9)
     left.set_ylabel("EM (x100)")
     left.set_ylim(0, paper["mean"].max() * 1.15)
-    for ax, (regime, df) in zip(right, starts):
+    for ax, regime, df in right:
         if df is None:
             c.note(ax, "tg miniature: not run yet\n(see results/mini/README.md)")
             continue
