@@ -79,7 +79,8 @@ def by_start(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     return [(r, df[regime == r]) for r in order]
 
 
-def paper_beside_starts(ours: pd.DataFrame | None, width: float = 5.5, height: float = 4.2):
+def paper_beside_starts(ours: pd.DataFrame | None, width: float = 5.5, height: float = 4.2
+                        ) -> tuple[plt.Figure, plt.Axes, list[tuple[plt.Axes, str, pd.DataFrame | None]]]:
     """A figure of one row: the paper's panel on the left, then one tg panel per starting regime (`by_start`),
     or one panel for 'not run yet' when `ours` is None. Returns (figure, left axes, [(axes, regime, rows)]),
     rows None for the empty panel."""
