@@ -79,13 +79,13 @@ def by_start(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     return [(r, df[regime == r]) for r in order]
 
 
-def paper_beside_starts(ours: pd.DataFrame | None, width: float = 5.5, height: float = 4.2
+def paper_beside_starts(ours: pd.DataFrame | None
                         ) -> tuple[plt.Figure, plt.Axes, list[tuple[plt.Axes, str, pd.DataFrame | None]]]:
-    """A figure of one row: the paper's panel on the left, then one tg panel per starting regime (`by_start`),
-    or one panel for 'not run yet' when `ours` is None. Returns (figure, left axes, [(axes, regime, rows)]),
-    rows None for the empty panel."""
+    """A figure of one row of 5.5 x 4.2 inch panels: the paper's panel on the left, then one tg panel per starting
+    regime (`by_start`), or one panel for 'not run yet' when `ours` is None. Returns (figure, left axes,
+    [(axes, regime, rows)]), rows None for the empty panel."""
     starts = by_start(ours) if ours is not None else [("", None)]
-    fig, (left, *right) = plt.subplots(1, 1 + len(starts), figsize=(width * (1 + len(starts)), height))
+    fig, (left, *right) = plt.subplots(1, 1 + len(starts), figsize=(5.5 * (1 + len(starts)), 4.2))
     return fig, left, [(ax, regime, rows) for ax, (regime, rows) in zip(right, starts)]
 
 
