@@ -3,7 +3,8 @@
 Left: the paper (results/paper/table4_advantage_ablation_em.csv, Qwen2.5-3b, multi-hop avg EM);
 the run that collapsed (intra only with 3 leaves per tree) is a zero bar marked "collapse". Right:
 the tg miniature (results/mini/ablation.csv: budget, advantage or method, M, N, L, seed, em_multi,
-optionally `collapsed`), mean ± std over the seeds that did not collapse.
+optionally `collapsed`), mean ± std over the seeds that did not collapse; a cell without rows is marked
+"not run yet".
 Writes figures/fig_table4_ablation.png.
 """
 
@@ -70,14 +71,18 @@ def panel(ax, df: pd.DataFrame) -> None:
                       color=COLORS[adv], label=LABELS[adv])
         c.bar_labels(ax, bars, inside=bool((s["count"] > 1).any()))
         for x, (_, r) in zip(xs, s.iterrows()):
-            _mark_collapse(ax, x, r)
+            _mark(ax, x, r)
     ax.set_xticks(np.arange(len(groups)), groups, fontsize=8)
     ax.grid(axis="y", alpha=0.3)
 
 
-def _mark_collapse(ax, x: float, r: pd.Series) -> None:
-    """Every seed collapsed: a zero bar marked x and "collapse"; some seeds: "k of n collapsed" above the bar."""
+def _mark(ax, x: float, r: pd.Series) -> None:
+    """No row for the cell: "not run yet" at its place. Every seed collapsed: a zero bar marked x and "collapse";
+    some seeds: "k of n collapsed" above the bar."""
     k = r["collapsed"]
+    if pd.isna(k):
+        ax.text(x, ax.get_ylim()[1] * 0.04, "not run yet", rotation=90, ha="center", va="bottom", fontsize=8,
+                color="0.4")
     if not k > 0:
         return
     if pd.isna(r["mean"]):
