@@ -213,7 +213,11 @@ def test_ours_sweep_reads_the_last_step_of_training_rows(with_ours):
     assert set(paper["hop"]) == {"multi"} and paper.query("budget == 16 and kind == 'chain'")["mean"].item() == 33.9
     tree4 = ours.query("kind == 'tree' and budget == 4").iloc[0]
     assert (tree4["mean"], tree4["count"], len(ours)) == (17.0, 3, 4)  # 10 + N + budget + mean seed; no start row
-    assert "tree at ≈4" in texts(script("fig_mini_sweep").draw(with_ours))
+    fig = script("fig_mini_sweep").draw(with_ours)
+    assert "tree at ≈4" in texts(fig)
+    ticks = [t.get_text() for t in fig.axes[1].get_xticklabels()]
+    marks = [t.get_position()[0] for t in fig.axes[1].texts if t.get_text() == "not run yet"]
+    assert ticks == ["≈2", "≈4", "≈8", "≈16"] and marks == [8, 16]  # the paper's budgets without rows here
 
 
 def test_grids_from_both_starts_are_drawn_per_start_never_pooled(tmp_path):
