@@ -65,8 +65,9 @@ def _line(ax, df: pd.DataFrame, color: str, marker: str, label: str) -> None:
     ax.fill_between(df["budget"], df["mean"] - df["std"], df["mean"] + df["std"], color=color, alpha=0.15, lw=0)
 
 
-def panel(ax, df: pd.DataFrame) -> None:
-    """Chain line; one line per tree (N, L) family present at several budgets; other shapes as markers."""
+def panel(ax, df: pd.DataFrame, budgets: list[float] | None = None) -> None:
+    """Chain line; one line per tree (N, L) family present at several budgets; other shapes as markers.
+    The axis shows `budgets` (default: those in `df`)."""
     _line(ax, df[df["kind"] == "chain"], c.CHAIN_COLOR, "o", "chain GRPO (G = budget)")
     tree = df[df["kind"] == "tree"]
     nudged: dict[float, int] = {}
@@ -80,7 +81,7 @@ def panel(ax, df: pd.DataFrame) -> None:
         ax.errorbar(r["budget"] * 2 ** (0.14 * nudged[r["budget"]]), r["mean"], yerr=r["std"] or None, ls="none",
                     capsize=3, marker=next(markers), color=c.TREE_COLOR, ms=7,
                     label=f"tree {c.shape(r['M'], n, l)}")
-    budgets = sorted(df["budget"].unique())
+    budgets = budgets or sorted(df["budget"].unique())
     ax.set_xscale("log", base=2)
     ax.set_xlim(budgets[0] / 1.6, budgets[-1] * 1.6)
     ax.set_xticks(budgets, [f"≈{b:g}" for b in budgets])
