@@ -20,19 +20,14 @@ For comparison, the fit also prices the padding: the columns a row reads beyond 
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import time
 
 import torch
 
 import tg.engine
-from tg.config import load_config
-from tg.engine import HFBatch, HFEngine, Sampling
-from tg.pipeline import load_resources
-from tg.policy import load_policy
-from tg.protocol import prompt_ids
-from tg.tree import sample_trees
+from rollout import run_once, setup  # bench/rollout.py: the same policy, questions and sampling
+from tg.engine import HFBatch, HFEngine
 
 SHAPES = {"chain G=4": (4, 0, 0), "tree (2,2,1)": (2, 2, 1)}
 
@@ -74,34 +69,27 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    cfg = load_config("cpu")
-    res = load_resources(cfg)
-    model, tok = load_policy(res.policy_path)
-    env = res.env(tok, cfg)
-    prompts = [prompt_ids(tok, q.question) for q in res.train if q.data_source.endswith("multi")][: args.questions]
+    _, model, tok, env, prompts = setup(args.questions, args.threads)
     engine = HFEngine(model, tok)
     record: list[list[float]] = []
     instrument(record)
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in SHAPES}
     every: list[list[float]] = []
     for rep in range(-1, args.reps):  # rep -1: untimed warm-up
-        for name, (M, N, L) in SHAPES.items():
+        for name, shape in SHAPES.items():
             record.clear()
             t0 = time.perf_counter()
-            sample_trees(engine, env, prompts, M=M, N=N, L=L, sampling=Sampling(1.0, 0.95, rep),
-                         rng=random.Random(rep))
+            led = run_once(engine, env, prompts, shape, seed=rep)
             total = time.perf_counter() - t0
             if rep < 0:
                 continue
             every += record
             cells = sum(r * c for r, _, c, _, _ in record)
-            runs[name].append({"s": total, "forwards": len(record), "forward_s": sum(x[-1] for x in record),
+            runs[name].append({"s": total, "s_traj": total / led.trajectories, "forwards": len(record), "forward_s": sum(x[-1] for x in record),
                                "rows": statistics.mean(x[0] for x in record), "row_cols": cells / 1e6,
                                "real": sum(x[3] for x in record) / max(cells, 1)})
     (fixed, per_row, per_col), r2 = fit(every)
     med = {n: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for n, rs in runs.items()}
-    traj = {n: M * (1 + L * N) for n, (M, N, L) in SHAPES.items()}
     print(f"Medians of {args.reps} rollouts of {len(prompts)} multi-hop training questions, {args.threads} torch "
           f"thread(s). Fit over their decode forwards (R^2 {r2:.3f}): fixed {1000 * fixed:.2f} ms per forward, "
           f"{1e6 * per_row:.1f} us per row, {1e9 * per_col:.1f} ns per row x cache column.\n")
@@ -110,12 +98,12 @@ def main() -> None:
           "|---|---|---|---|---|---|---|---|")
     chain, tree = med["chain G=4"], med["tree (2,2,1)"]
     for n, m in med.items():
-        ratio = (m["s"] / traj[n]) / (chain["s"] / traj["chain G=4"])
+        ratio = m["s_traj"] / chain["s_traj"]
         print(f"| {n} | {m['s']:.2f} | {m['forwards']:.0f} | {m['forward_s']:.2f} | {m['rows']:.0f} | "
               f"{m['row_cols']:.2f} | {m['real']:.2f} | {ratio:.2f}x |")
     extra = max(tree["forwards"] - chain["forwards"], 0)
     saved = extra * fixed
-    ratio = (tree["s"] / traj["tree (2,2,1)"]) / (chain["s"] / traj["chain G=4"])
+    ratio = tree["s_traj"] / chain["s_traj"]
     print(f"\nMerging the tree's {extra:.0f} extra forwards into the seed round saves at most {saved:.3f} s "
           f"({100 * saved / tree['s']:.1f}% of its rollout): s/traj vs chain {ratio:.2f}x -> at best "
           f"{ratio * (1 - saved / tree['s']):.2f}x.")

@@ -52,6 +52,16 @@ VLLM_CONFIGS = [  # the same work through the vLLM engine (automatic prefix cach
 ]
 
 
+def setup(questions: int, threads: int):
+    """The cpu preset's warmed-up policy, its environment, and the first `questions` multi-hop training prompts."""
+    torch.set_num_threads(threads)
+    cfg = load_config("cpu")
+    res = load_resources(cfg)
+    model, tok = load_policy(res.policy_path)
+    qs = [q for q in res.train if q.data_source.endswith("multi")][:questions]
+    return res, model, tok, res.env(tok, cfg), [prompt_ids(tok, q.question) for q in qs]
+
+
 def run_once(engine, env, prompts, shape, seed) -> Ledger:
     M, N, L = shape
     trees, stats = sample_trees(engine, env, prompts, M=M, N=N, L=L, sampling=Sampling(1.0, 0.95, seed),
@@ -68,14 +78,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads for both engines (1: steadier on a shared 2-core host)")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
-    cfg = load_config("cpu")
-    res = load_resources(cfg)
-    model, tok = load_policy(res.policy_path)
-    env = res.env(tok, cfg)
-    qs = [q for q in res.train if q.data_source.endswith("multi")][: args.questions]
-    prompts = [prompt_ids(tok, q.question) for q in qs]
+    res, model, tok, env, prompts = setup(args.questions, args.threads)
     configs = CONFIGS + (VLLM_CONFIGS if args.vllm else [])
     engines = {reuse: HFEngine(model, tok, prefix_reuse=reuse) for reuse in (True, False)}
     vllm = None
@@ -94,7 +98,7 @@ def main() -> None:
             led = run_once(engine, env, prompts, shape, seed=rep)
             led.seconds = time.perf_counter() - t0
             runs[name].append(led)
-    table = provenance(args.threads, load_before, vllm is not None) + "\n\n" + render(runs, configs, len(qs), args.reps)
+    table = provenance(args.threads, load_before, vllm is not None) + "\n\n" + render(runs, configs, len(prompts), args.reps)
     print(table)
     if args.write:
         write_section(Path(args.write), table)
