@@ -8,14 +8,16 @@ budget (HF rows) or the same configuration on the HF engine (vLLM rows).
     .venv/bin/python bench/rollout.py [--questions 32] [--reps 5] [--threads 1] [--write bench/README.md]
     .venv-vllm/bin/python bench/rollout.py --vllm      # adds the vLLM engine, same work, same run
 
-The table's first line records the date, the machine (cores, load average before and after), the
-torch threads, the versions, the git commit and the exact command.
+The table's first line records the date, the machine (CPU, torch's ISA, cores, load average before and
+after), the policy (its warm-up directory and weights hash: another CPU's warm-up is another policy,
+README "Reproducing on another CPU"), the torch threads, the versions, the git commit and the exact command.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import os
 import platform
 import random
@@ -35,6 +37,7 @@ from tg.pipeline import load_resources
 from tg.policy import load_policy
 from tg.protocol import prompt_ids
 from tg.tree import sample_trees
+from tg.warmup import machine
 
 CONFIGS = [  # name, (M, N, L), prefix reuse, the chain of its budget on the same engine, the HF row it repeats
     ("chain G=4", (4, 0, 0), True, "chain G=4", None),
@@ -98,14 +101,14 @@ def main() -> None:
             led = run_once(engine, env, prompts, shape, seed=rep)
             led.seconds = time.perf_counter() - t0
             runs[name].append(led)
-    table = provenance(args.threads, load_before, vllm is not None) + "\n\n" + render(runs, configs, len(prompts), args.reps)
+    table = provenance(args.threads, load_before, vllm is not None, res.policy_path) + "\n\n" + render(runs, configs, len(prompts), args.reps)
     print(table)
     if args.write:
         write_section(Path(args.write), table)
 
 
-def provenance(threads: int, load_before: tuple[float, ...], with_vllm: bool) -> str:
-    """Where and how the table was measured: date, machine, load, threads, versions, commit, command."""
+def provenance(threads: int, load_before: tuple[float, ...], with_vllm: bool, policy: str) -> str:
+    """Where and how the table was measured: date, machine, load, policy, threads, versions, commit, command."""
     import transformers
 
     sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -116,8 +119,10 @@ def provenance(threads: int, load_before: tuple[float, ...], with_vllm: bool) ->
         versions += f", vllm {vllm.__version__}"
     load = "/".join(f"{x:.1f}" for x in load_before), "/".join(f"{x:.1f}" for x in os.getloadavg())
     command = shlex.join([os.path.relpath(sys.executable), *sys.argv])
-    return (f"Measured {datetime.date.today()} on {platform.machine()} {platform.system()}, {os.cpu_count()} cores "
-            f"(load average 1/5/15 min {load[0]} before, {load[1]} after), {threads} torch thread(s), "
+    weights = hashlib.sha256((Path(policy) / "model.safetensors").read_bytes()).hexdigest()[:12]
+    return (f"Measured {datetime.date.today()} on {machine()}, {platform.system()}, {os.cpu_count()} cores "
+            f"(load average 1/5/15 min {load[0]} before, {load[1]} after), policy {Path(policy).name} (weights "
+            f"sha256 {weights}), {threads} torch thread(s), "
             f"{versions}, git {sha}. Command: `{command}`.")
 
 

@@ -18,8 +18,8 @@ from tg.env import SearchEnv
 from tg.evaluate import evaluate
 from tg.policy import build_tiny_policy, load_policy
 from tg.protocol import format_observation, prompt_ids
-from tg.warmup import (batches, collate, demonstration, lr_factor, masked_lm_loss, name_groups, pick_demonstrations,
-                       rename, renaming_tables, script, short_prompt_ids, warmed_up_policy, warmup_dir)
+from tg.warmup import (batches, collate, demonstration, lr_factor, machine, masked_lm_loss, name_groups,
+                       pick_demonstrations, rename, renaming_tables, script, short_prompt_ids, warmed_up_policy, warmup_dir)
 from tg.world import MULTI, SINGLE, ensure_world, load_world
 
 
@@ -168,3 +168,11 @@ def test_how_rl_uses_the_policy_keys_no_separate_warm_up():
     for extra in (["model.finetune=qlora", "model.dtype=bfloat16"], ["model.finetune=lora", "data.setting=single-hop"]):
         assert warmup_dir(warmup_config(load_config("cpu", *extra))) == base   # gpu_smoke.sh reuses the CPU cache
     assert warmup_dir(warmup_config(load_config("cpu", "model.hidden_size=64", "model.num_heads=2"))) != base
+
+
+def test_machine_names_the_cpu_and_torchs_isa() -> None:
+    """Recorded in warmup.json: a warm-up's floats depend on the CPU's kernels (README, "Reproducing on another
+    CPU")."""
+    name = machine()
+    assert name.endswith(f" (torch's ISA {torch.backends.cpu.get_cpu_capability()})")
+    assert not name.startswith(" (")

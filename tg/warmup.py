@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import platform
 import random
 import shutil
 import time
@@ -291,6 +292,16 @@ def code_key() -> str:
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:6]
 
 
+def machine() -> str:
+    """The CPU and torch's vector ISA: with the thread count, what a warm-up's floats depend on (an AMD EPYC
+    with AVX-512 rebuilds the moderate policy differently from the machines that ran results/mini)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+             if line.startswith("model name")] if cpuinfo.exists() else []
+    return f"{names[0] if names else platform.processor() or platform.machine()} (torch's ISA " \
+           f"{torch.backends.cpu.get_cpu_capability()})"
+
+
 PINNED_DIR = "results/mini/policies"
 """Warmed-up policies committed with the results they started, used in place of a warm-up of the same
 directory name: one (the hard regime's) was trained before the warm-up's thread count was pinned, and no
@@ -335,7 +346,8 @@ def warmed_up_policy(cfg: Config, progress: bool = True) -> Path:
     (tmp / "tg_config.json").write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))  # config.json is the model's
     record = {"losses": losses, "seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - cpu0,
               "n_demos": len(demos),
-              "demo_tokens": sum(len(d.ids) for d in demos), "world": str(world_path)}
+              "demo_tokens": sum(len(d.ids) for d in demos), "world": str(world_path), "machine": machine(),
+              "torch": torch.__version__}
     (tmp / "warmup.json").write_text(json.dumps(record))
     try:
         tmp.rename(target)
