@@ -101,7 +101,8 @@ def main() -> None:
             led = run_once(engine, env, prompts, shape, seed=rep)
             led.seconds = time.perf_counter() - t0
             runs[name].append(led)
-    table = provenance(args.threads, load_before, vllm is not None, res.policy_path) + "\n\n" + render(runs, configs, len(prompts), args.reps)
+    table = (provenance(args.threads, load_before, vllm is not None, res.policy_path) + "\n\n"
+             + render(runs, configs, len(prompts), args.reps))
     print(table)
     if args.write:
         write_section(Path(args.write), table)

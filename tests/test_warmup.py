@@ -19,7 +19,8 @@ from tg.evaluate import evaluate
 from tg.policy import build_tiny_policy, load_policy
 from tg.protocol import format_observation, prompt_ids
 from tg.warmup import (batches, collate, demonstration, lr_factor, machine, masked_lm_loss, name_groups,
-                       pick_demonstrations, rename, renaming_tables, script, short_prompt_ids, warmed_up_policy, warmup_dir)
+                       pick_demonstrations, rename, renaming_tables, script, short_prompt_ids, warmed_up_policy,
+                       warmup_dir)
 from tg.world import MULTI, SINGLE, ensure_world, load_world
 
 
