@@ -12,7 +12,7 @@
     tg data prepare --setting single-hop|multi-hop --out DIR [--source HUB_ID|LOCAL_DIR]
     tg data corpus  --out DIR [--source HUB_ID|wiki-18.jsonl.gz] [--index]   wiki-18 (+ its BM25 index)
     tg retriever serve --corpus corpus.jsonl [--port 8000]
-    tg mini     list | run EXPERIMENT [--workers 2] | report [EXPERIMENT]   the claims in miniature (results/mini/)
+    tg mini     list | run EXPERIMENT [--workers 2] [--root DIR] | report [EXPERIMENT]   the claims in miniature (results/mini/)
 """
 
 from __future__ import annotations
@@ -107,6 +107,7 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--cell", action="append", metavar="NAME",
                    help="run only this cell (repeatable): a name or its last parts, e.g. --cell 'tree (1,2,1)' (both "
                         "starts) --cell moderate/chain-16 (one); default all")
+    m.add_argument("--root", metavar="DIR", help="read and write DIR/results/mini/ (default: this checkout's)")
     return ap
 
 
@@ -140,11 +141,11 @@ def _dispatch(args: argparse.Namespace) -> int:
             if not args.experiment:
                 raise ConfigError("tg mini run needs an EXPERIMENT name; see `tg mini list`")
             cells = mini.select_cells(args.experiment, args.cell)
-            mini.run_experiment(args.experiment, workers=args.workers, cells=cells)
+            mini.run_experiment(args.experiment, workers=args.workers, root=args.root, cells=cells)
         if args.action == "report":
             for name in [args.experiment] if args.experiment else list(mini.experiments()):
                 try:
-                    print(f"\n## {name}\n\n{summary.report(name)}")
+                    print(f"\n## {name}\n\n{summary.report(name, args.root)}")
                 except ConfigError as err:  # a grid not run yet: say so, report the others
                     print(f"\n## {name}\n\nnot run yet: {err}")
         return 0

@@ -29,7 +29,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from tg.config import Config, load_config
+from tg.config import Config, ConfigError, load_config
 
 REGIMES: dict[str, tuple[str, ...]] = {"moderate": (), "hard": ("warmup.early_stop_share=0.95",)}
 """Config overrides of each starting regime (the warm-up's difficulty knob)."""
@@ -110,7 +110,6 @@ def experiments() -> dict[str, list[Cell]]:
 def select_cells(name: str, wanted: list[str] | None = None) -> list[Cell]:
     """The cells of experiment `name`, or (with `wanted`) only those named: a full name or its last parts
     ("chain-16" in both starts, "moderate/chain-16" in one), so a long grid can run in pieces of whole cells."""
-    from tg.config import ConfigError
     grids = experiments()
     if name not in grids:
         raise ConfigError(f"unknown experiment {name!r}; choose one of {sorted(grids)}")
@@ -206,11 +205,15 @@ def cell_config(cell: Cell, seed: int, base: Config | None = None) -> Config:
     return (base or load_config("cpu")).with_overrides(*cell.overrides, f"optim.seed={seed}")
 
 
+def regime_of(cell: Cell) -> str:
+    """The starting regime whose overrides the cell carries (moderate: none)."""
+    return next((r for r, o in REGIMES.items() if o and set(o) <= set(cell.overrides)), "moderate")
+
+
 def _provenance(cfg: Config, cell: Cell, seed: int, step: int) -> dict:
     from tg.evaluate import git_sha
     t = cfg.tree
-    regime = next((r for r, o in REGIMES.items() if o and set(o) <= set(cell.overrides)), "moderate")
-    return {"cell": cell.name, "seed": seed, "step": step, "regime": regime, "setting": cfg.data.setting,
+    return {"cell": cell.name, "seed": seed, "step": step, "regime": regime_of(cell), "setting": cfg.data.setting,
             **cell.labels, "M": t.M, "N": t.N, "L": t.L, "budget": t.chain_equivalent_budget,
             "advantage": "chain" if t.is_chain else cfg.optim.advantage, "preset": cfg.preset,
             "config_hash": cfg.hash(), "git_sha": git_sha(), "date": _dt.date.today().isoformat()}
@@ -337,6 +340,7 @@ def run_experiment(name: str, workers: int = 2, root: str | Path | None = None,
         return path
     for overrides in dict.fromkeys(c.overrides for c in cells if c.kind != "theory"):
         load_resources(cell_config(Cell("", "start", overrides), 0))  # world and warm-ups, once, before the workers
+    check_starts(jobs, root, path.parent)
     t0, errors = time.perf_counter(), []
     bar = tqdm(total=sum(_job_weight(j) for j in jobs), desc=name, unit="step")
     if workers <= 1:
@@ -362,6 +366,42 @@ def run_experiment(name: str, workers: int = 2, root: str | Path | None = None,
     for e in errors:
         print("  FAILED", e)
     return path
+
+
+class StartMismatch(ConfigError):
+    """The starting policy this machine loads is not the one behind the rows already in a results directory."""
+
+
+START_COLUMNS = ("em_single", "em_multi", "n_single", "n_multi")
+
+
+def check_starts(jobs: list[Job], root: Path, results: Path) -> None:
+    """Refuse to add training or ledger rows next to rows that started from another policy.
+
+    For each (setting, regime) the jobs start from, the `start` row already in a CSV of `results` (if
+    any) is the starting policy's greedy evaluation; the policy this checkout loads is evaluated again
+    (the same cell, about 15 s) and must score it exactly. A warm-up rebuilt on another CPU can differ
+    (README, "Reproducing on another CPU"), and its rows would silently mix two experiments."""
+    starts = {}
+    for job in jobs:
+        if job.cell.kind in ("train", "ledger"):
+            regime, setting = regime_of(job.cell), cell_config(job.cell, job.seed).data.setting
+            starts.setdefault((setting, regime), Cell(f"{setting}/{regime}/start", "start",
+                                                      REGIMES[regime] + (f"data.setting={setting}",), seeds=(0,)))
+    committed = {r["cell"]: (csv_path, r) for csv_path in sorted(results.glob("*.csv"))
+                 for r in csv.DictReader(csv_path.open()) if r["cell"].endswith("/start") and r["step"] == "0"}
+    for cell in starts.values():
+        if cell.name not in committed:
+            continue
+        csv_path, row = committed[cell.name]
+        fresh = next(run_job(Job("start-check", cell, 0, (0,)), root))
+        if any(float(fresh[k]) != float(row[k]) for k in START_COLUMNS):
+            raise StartMismatch(
+                f"{csv_path}: its {cell.name} row says the starting policy scores EM {row['em_single']} / "
+                f"{row['em_multi']} (single / multi-hop), but the policy this checkout loads on this machine "
+                f"scores {fresh['em_single']} / {fresh['em_multi']}: new rows would start from another policy than "
+                f"the rows there. Run the grid into a fresh results directory (`tg mini run ... --root DIR`), or pin "
+                f"the policy those rows started from in results/mini/policies/ (README there).")
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:

@@ -70,8 +70,9 @@ CURRICULUM_SHARE = 0.7
 WARMUP_THREADS = 1
 """Torch threads for the warm-up, whatever the caller's: the result depends on the thread count (float
 summation order; a 2-thread warm-up gave greedy EM 0.54 / 0.083 where the 1-thread one behind
-results/mini gives 0.50 / 0.127), so one count keeps every fresh clone on the same policy: with the
-caller at 2 threads, a fresh warm-up reproduced that cached policy bit for bit (2026-11-30). It costs
+results/mini gives 0.50 / 0.127), so one count keeps every fresh clone on the same policy, on one kind
+of CPU: with the caller at 2 threads, a fresh warm-up reproduced that cached policy bit for bit
+(2026-11-30); an AMD EPYC with AVX-512 builds another (README, "Reproducing on another CPU"). It costs
 time: 529-586 s instead of 323 s with 2 threads on 2 cores."""
 
 
