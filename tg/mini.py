@@ -382,6 +382,7 @@ def check_starts(jobs: list[Job], root: Path, results: Path) -> None:
     any) is the starting policy's greedy evaluation; the policy this checkout loads is evaluated again
     (the same cell, about 15 s) and must score it exactly. A warm-up rebuilt on another CPU can differ
     (README, "Reproducing on another CPU"), and its rows would silently mix two experiments."""
+    from tg.warmup import torch_threads
     starts = {}
     for job in jobs:
         if job.cell.kind in ("train", "ledger"):
@@ -394,7 +395,8 @@ def check_starts(jobs: list[Job], root: Path, results: Path) -> None:
         if cell.name not in committed:
             continue
         csv_path, row = committed[cell.name]
-        fresh = next(run_job(Job("start-check", cell, 0, (0,)), root))
+        with torch_threads(1):   # as the workers that wrote the rows evaluate
+            fresh = next(run_job(Job("start-check", cell, 0, (0,)), root))
         if any(float(fresh[k]) != float(row[k]) for k in START_COLUMNS):
             raise StartMismatch(
                 f"{csv_path}: its {cell.name} row says the starting policy scores EM {row['em_single']} / "

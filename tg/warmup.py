@@ -45,9 +45,10 @@ import platform
 import random
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -74,6 +75,17 @@ results/mini gives 0.50 / 0.127), so one count keeps every fresh clone on the sa
 of CPU: with the caller at 2 threads, a fresh warm-up reproduced that cached policy bit for bit
 (2026-11-30); an AMD EPYC with AVX-512 builds another (README, "Reproducing on another CPU"). It costs
 time: 529-586 s instead of 323 s with 2 threads on 2 cores."""
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run the block on `n` torch threads, then restore the caller's count (float results depend on it)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _phrase(relation: str, subject: str) -> str:
@@ -333,15 +345,11 @@ def warmed_up_policy(cfg: Config, progress: bool = True) -> Path:
     picked = pick_demonstrations(world, cfg.warmup)
     demos = [demonstration(q, tokenizer, retriever, cfg.data.top_k, early) for q, early in picked]
     short = [demonstration(q, tokenizer, retriever, cfg.data.top_k, early, instruction=False) for q, early in picked]
-    cpu0, threads = time.process_time(), torch.get_num_threads()
-    torch.set_num_threads(WARMUP_THREADS)
-    try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.warmup.seed)
-            losses = train(model, demos, cfg.warmup, tokenizer.pad_token_id, name_groups(world, tokenizer), short,
-                           progress)
-    finally:
-        torch.set_num_threads(threads)
+    cpu0 = time.process_time()
+    with torch_threads(WARMUP_THREADS), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.warmup.seed)
+        losses = train(model, demos, cfg.warmup, tokenizer.pad_token_id, name_groups(world, tokenizer), short,
+                       progress)
     tmp = target.with_name(f"{target.name}.tmp-{random.randrange(1 << 30)}")
     save_policy(model, tokenizer, tmp)
     (tmp / "tg_config.json").write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))  # config.json is the model's
