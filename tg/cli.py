@@ -12,7 +12,8 @@
     tg data prepare --setting single-hop|multi-hop --out DIR [--source HUB_ID|LOCAL_DIR]
     tg data corpus  --out DIR [--source HUB_ID|wiki-18.jsonl.gz] [--index]   wiki-18 (+ its BM25 index)
     tg retriever serve --corpus corpus.jsonl [--port 8000]
-    tg mini     list | run EXPERIMENT [--workers 2] [--root DIR] | report [EXPERIMENT]   the claims in miniature (results/mini/)
+    tg mini     list | run EXPERIMENT [--workers 2] [--root DIR] | report [EXPERIMENT]
+                the claims in miniature (results/mini/; --root DIR: DIR/results/mini/)
 """
 
 from __future__ import annotations
