@@ -146,7 +146,8 @@ def test_warmup_is_cached_and_loads(cfg: Config, warm) -> None:
     assert path == warmup_dir(cfg) and (path / "warmup.json").exists()
     record = json.loads((path / "warmup.json").read_text())
     assert record["losses"][-1] < 0.5 * record["losses"][0]
-    assert Config.from_dict(json.loads((path / "tg_config.json").read_text())) == cfg
+    recorded = Config.from_dict(json.loads((path / "tg_config.json").read_text()))   # of the first run to ask
+    assert recorded.hash("model", "data", "warmup") == cfg.hash("model", "data", "warmup")
 
 
 def test_warmup_quality_band(cfg: Config, warm, world_and_retriever) -> None:
