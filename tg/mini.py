@@ -64,11 +64,17 @@ class Cell:
     labels: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
 
+def start_cell(regime: str, setting: str) -> Cell:
+    """The starting policy's evaluation (step 0) for one regime and setting."""
+    return Cell(f"{setting}/{regime}/start", "start", REGIMES[regime] + (f"data.setting={setting}",), seeds=(0,),
+                labels=dict(method="start"))
+
+
 def _train_cells(regime: str, setting: str, shapes: dict[str, tuple[str, ...]], advantage: str = "intra+inter",
                  seeds: tuple[int, ...] = SEEDS5, start: bool = True) -> list[Cell]:
     """One training cell per named shape (and, with `start`, the starting policy's evaluation)."""
-    base = REGIMES[regime] + (f"data.setting={setting}",)
-    cells = [Cell(f"{setting}/{regime}/start", "start", base, seeds=(0,), labels=dict(method="start"))] if start else []
+    base = start_cell(regime, setting).overrides
+    cells = [start_cell(regime, setting)] if start else []
     for method, shape in shapes.items():
         cells.append(Cell(f"{setting}/{regime}/{method}", "train", base + shape + (f"optim.advantage={advantage}",),
                           seeds=seeds, points=POINTS, labels=dict(method=method)))
@@ -387,8 +393,7 @@ def check_starts(jobs: list[Job], root: Path, results: Path) -> None:
     for job in jobs:
         if job.cell.kind in ("train", "ledger"):
             regime, setting = regime_of(job.cell), cell_config(job.cell, job.seed).data.setting
-            starts.setdefault((setting, regime), Cell(f"{setting}/{regime}/start", "start",
-                                                      REGIMES[regime] + (f"data.setting={setting}",), seeds=(0,)))
+            starts.setdefault((setting, regime), start_cell(regime, setting))
     committed = {r["cell"]: (csv_path, r) for csv_path in sorted(results.glob("*.csv"))
                  for r in csv.DictReader(csv_path.open()) if r["cell"].endswith("/start") and r["step"] == "0"}
     for cell in starts.values():
