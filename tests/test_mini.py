@@ -7,6 +7,7 @@ import pytest
 from tg import mini, summary
 from tg.budget import matched_chain_group
 from tg.config import ConfigError
+from tg.warmup import PINNED_DIR
 
 
 def _rows(path):
@@ -137,35 +138,6 @@ def test_rows_of_identical_configurations_are_copied_not_retrained(tmp_path):
     assert mini.reuse_rows([same, other], path) == []   # nothing twice
 
 
-def test_new_rows_refuse_a_starting_policy_other_than_the_one_behind_the_rows_there(tmp_path, monkeypatch):
-    """Training rows go next to a committed `start` row only if this machine's starting policy scores it
-    exactly: otherwise `tg mini run` stops before training, naming the CSV, both scores and the fix."""
-    mini_dir = tmp_path / "results" / "mini"
-    mini.append_rows(mini_dir / "budget.csv", [dict(cell="multi-hop/moderate/start", seed=0, step=0, em_single=50.0,
-                                                   em_multi=12.67, n_single=150, n_multi=300)])
-    scores, evaluated = {}, []
-
-    def evaluate(job, root):  # the start cell's greedy evaluation, as `run_job` yields it
-        evaluated.append(job.cell)
-        yield dict(cell=job.cell.name, seed=0, step=0, n_single=150, n_multi=300, **scores)
-
-    monkeypatch.setattr(mini, "run_job", evaluate)
-    moderate = mini.Cell("multi-hop/moderate/tree", "train", mini.TREE221, seeds=(0,), points=(1,))
-    hard = mini.Cell("multi-hop/hard/tree", "train", mini.REGIMES["hard"] + mini.TREE221, seeds=(0,), points=(1,))
-    scores.update(em_single=47.33, em_multi=14.67)
-    with pytest.raises(mini.StartMismatch, match=r"budget\.csv: its multi-hop/moderate/start row .* 50\.0 / 12\.67 "
-                                                 r".* scores 47\.33 / 14\.67.*--root DIR"):
-        mini.run_experiment("smoke", workers=1, root=tmp_path, cells=[moderate])
-    assert not (mini_dir / "smoke.csv").exists()
-    assert [c.name for c in evaluated] == ["multi-hop/moderate/start"]
-    assert evaluated[0].overrides == ("data.setting=multi-hop",)
-    scores.update(em_single=50.0, em_multi=12.67)   # the same policy: nothing to refuse
-    mini.check_starts(mini.pending_jobs("smoke", [moderate], mini_dir / "smoke.csv"), tmp_path, mini_dir)
-    evaluated.clear()   # no committed hard start here: nothing to compare, nothing evaluated
-    mini.check_starts(mini.pending_jobs("smoke", [hard], mini_dir / "smoke.csv"), tmp_path, mini_dir)
-    assert evaluated == []
-
-
 def test_cell_summary_pairs_each_cell_with_the_reference_by_seed():
     import pandas as pd
     rows = [dict(cell="start", seed=0, step=0, em_multi=3.0, calls_multi=1.5, generated_per_q=float("nan"))]
@@ -214,19 +186,10 @@ def test_sweep_report_pairs_each_tree_with_the_chain_of_its_budget_and_the_quart
     assert "+5.0 ± 0.0 (2/2 ahead)" in text.split("Quarter budget")[0]
 
 
-MODERATE_NOT_KEPT = pytest.mark.xfail(raises=AssertionError, strict=False, reason=(
-    "the moderate start's weights were not kept: the machines that ran results/mini rebuilt them bit for bit, the "
-    "AMD EPYC (AVX-512) machines this project runs on since 2026-12-02, CI's included, rebuild another policy "
-    "(EM 47.33 / 14.67); `tg mini run` refuses to add rows next to the committed ones there (README, "
-    "'Reproducing on another CPU')"))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("regime", [pytest.param("moderate", marks=MODERATE_NOT_KEPT), "hard"])
+@pytest.mark.parametrize("regime", ["moderate", "hard"])
 def test_starting_policies_are_the_ones_behind_the_committed_results(regime):
-    """The starting policy this checkout loads (the moderate one rebuilt by `tg warmup`, the hard one pinned
-    in results/mini/policies) scores what the committed `start` row of its regime says, to the question.
-    The moderate half is an expected failure on the machines this project has now (MODERATE_NOT_KEPT)."""
+    """The pinned starting policy of each regime (tg/policies) scores what the committed `start` row of its
+    regime says, to the question."""
     from pathlib import Path
 
     from tg.commands import evaluate_model
@@ -237,13 +200,10 @@ def test_starting_policies_are_the_ones_behind_the_committed_results(regime):
     row = next(r for r in _rows(Path(__file__).parents[1] / "results" / "mini" / "budget.csv") if r["cell"] == cell)
     cfg = load_config("cpu", *mini.REGIMES[regime], "data.setting=multi-hop")
     res = load_resources(cfg)
-    assert (Path(res.policy_path).parent.name == "policies") == (regime == "hard")
+    assert Path(res.policy_path).parent == PINNED_DIR
     model, tok = load_policy(res.policy_path)
     cols = mini._eval_columns(evaluate_model(model, tok, res, cfg, progress=False))
     assert (cols["em_single"], cols["em_multi"]) == (float(row["em_single"]), float(row["em_multi"])), (
         f"{res.policy_path} scores EM {cols['em_single']} / {cols['em_multi']} (single / multi-hop), the committed "
-        f"{cell} row {row['em_single']} / {row['em_multi']}: this machine's warm-up rebuilt another policy. "
-        "The warm-up's floats depend on the CPU's kernels (seen: an AMD EPYC with AVX-512 rebuilds the moderate "
-        "policy differently from the machines that ran results/mini, README 'Reproducing on another CPU'); "
-        "results/mini's moderate rows cannot be rerun bit for bit here.")
+        f"{cell} row {row['em_single']} / {row['em_multi']}")
     assert (cols["n_single"], cols["n_multi"]) == (int(row["n_single"]), int(row["n_multi"]))

@@ -109,7 +109,7 @@ def test_tree_221_buys_six_trajectories_for_about_four_chains(cfg, make_env, tra
     """The paper's equal-budget pair, measured with the warmed-up policy (PAPER.md 1.2): a (2,2,1) tree
     gives 6 trajectories per question and costs about 4 chains (generated + observation tokens).
     Branches restart mid-episode, so the measured cost is below the formula's 4 (3.53 measured 2026-11-30)."""
-    policy = load_policy(warmed_up_policy(cfg, progress=False))
+    policy = load_policy(warmed_up_policy(cfg))
     qs = [q for q in train_questions if q.data_source.endswith("multi")][:16]
     tree, st_tree = _trees(policy, make_env, qs, 2, 2, 1)
     chain, st_chain = _trees(policy, make_env, qs, 4, 0, 0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import shutil
 from typing import Any
 
 import pytest
@@ -18,9 +19,10 @@ from tg.env import SearchEnv
 from tg.evaluate import evaluate
 from tg.policy import build_tiny_policy, load_policy
 from tg.protocol import format_observation, prompt_ids
-from tg.warmup import (batches, collate, demonstration, lr_factor, machine, masked_lm_loss, name_groups,
-                       pick_demonstrations, rename, renaming_tables, script, short_prompt_ids, warmed_up_policy,
-                       warmup_dir)
+from tg import warmup
+from tg.warmup import (PINNED, PINNED_DIR, PolicyError, batches, collate, demonstration, lr_factor, machine,
+                       masked_lm_loss, name_groups, pick_demonstrations, rename, renaming_tables, script, sha256_of,
+                       short_prompt_ids, warmed_up_policy, warmup_dir)
 from tg.world import MULTI, SINGLE, ensure_world, load_world
 
 
@@ -41,7 +43,7 @@ def world_and_retriever(world_dir, retriever):
 @pytest.fixture(scope="session")
 def warm(cfg: Config):
     """The default warm-up, trained once and cached on disk (~9-10 min the first time, one thread)."""
-    return load_policy(warmed_up_policy(cfg, progress=False))
+    return load_policy(warmed_up_policy(cfg))
 
 
 # ---- unit tests -------------------------------------------------------------------------------------
@@ -139,29 +141,27 @@ def test_batches_cover_epochs_and_group_lengths() -> None:
     assert [lr_factor(s, 100) for s in (0, 4, 50, 80, 99)] == [0.2, 1.0, 1.0, 1.0, 0.05]  # trapezoid
 
 
-# ---- the cached warm-up -----------------------------------------------------------------------------
+# ---- the pinned starting policies ------------------------------------------------------------------
 
-def test_warmup_is_cached_and_loads(cfg: Config, warm) -> None:
+def test_the_default_start_is_the_pinned_policy_checked_by_hash(cfg: Config, tmp_path, monkeypatch) -> None:
     path = warmed_up_policy(cfg)
-    assert path == warmup_dir(cfg) and (path / "warmup.json").exists()
-    record = json.loads((path / "warmup.json").read_text())
-    assert record["losses"][-1] < 0.5 * record["losses"][0]
-    recorded = Config.from_dict(json.loads((path / "tg_config.json").read_text()))   # of the first run to ask
-    assert recorded.hash("model", "data", "warmup") == cfg.hash("model", "data", "warmup")
+    assert path == PINNED_DIR / warmup_dir(cfg).name and warmup_dir(cfg).name in PINNED
+    assert sha256_of(path / "model.safetensors") == PINNED[path.name]
+    damaged = tmp_path / path.name
+    shutil.copytree(path, damaged)
+    data = bytearray((damaged / "model.safetensors").read_bytes())
+    data[-1] ^= 1
+    (damaged / "model.safetensors").write_bytes(bytes(data))
+    monkeypatch.setattr(warmup, "PINNED_DIR", tmp_path)
+    with pytest.raises(PolicyError, match=r"model\.safetensors: sha256 .* expected 00f7348b7b12"):
+        warmed_up_policy(cfg)
 
 
-def test_warmup_quality_band(cfg: Config, warm, world_and_retriever) -> None:
-    """Greedy EM: single-hop well above 0 but not solved; multi-hop above 0 and clearly below single-hop.
-    Measured 2026-11-30 (default warm-up, 700 steps, observation loss on, 1 torch thread): 0.50 single-hop
-    and 0.127 multi-hop on 150 + 300 questions (warm-up seed 0, the default). Other warm-up seeds:
-    0.26 / 0.003 (seed 1) and 0.54 / 0.123 (seed 2), so the band is loose enough for all three."""
-    model, tok = warm
-    _, retriever = world_and_retriever
-    test = load_split(ensure_world(cfg.data, cfg.cache_dir), "test")  # FlashRAG-schema rows -> Question
-    em = greedy_em(model, tok, retriever, [q for q in test if q.data_source == SINGLE][:150] +
-                   [q for q in test if q.data_source == MULTI][:300])
-    assert 0.2 < em[SINGLE] < 0.97
-    assert 0.0 < em[MULTI] < em[SINGLE] - 0.2
+def test_nothing_rebuilds_a_warm_up_unless_asked(cfg: Config, tmp_path) -> None:
+    other = cfg.replace(warmup=dict(steps=5), cache_dir=str(tmp_path))
+    with pytest.raises(PolicyError, match=r"tg warmup --rebuild"):
+        warmed_up_policy(other)
+    assert not any(tmp_path.iterdir())
 
 
 def test_how_rl_uses_the_policy_keys_no_separate_warm_up():
@@ -173,8 +173,7 @@ def test_how_rl_uses_the_policy_keys_no_separate_warm_up():
 
 
 def test_machine_names_the_cpu_and_torchs_isa() -> None:
-    """Recorded in warmup.json: a warm-up's floats depend on the CPU's kernels (README, "Reproducing on another
-    CPU")."""
+    """Recorded in a rebuilt warm-up's warmup.json: its floats depend on the CPU's kernels."""
     name = machine()
     assert name.endswith(f" (torch's ISA {torch.backends.cpu.get_cpu_capability()})")
     assert not name.startswith(" (")

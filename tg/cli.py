@@ -2,7 +2,7 @@
 
     tg config   [--preset P] [--set group.field=value ...]
     tg world    [--preset P]                     build the synthetic world, show a document and questions
-    tg warmup   [--preset P]                     warm up the tiny policy (cached) and report its EMs
+    tg warmup   [--preset P] [--rebuild [DIR]]   report the starting policy's EMs (--rebuild: train it anew)
     tg train    --method chain|tree [--M --N --L | --group-size G] [--steps --seed --resume --run-dir]
                 [--schedule paper|quick] [--skip-preflight]
     tg preflight [--preset P] [--method ...] [--schedule S] [--decode-tps X --train-tps Y] [--no-measure]
@@ -69,6 +69,10 @@ def parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     for name in ("config", "world", "warmup", "demo"):
         _add_common(sub.add_parser(name))
+    sub.choices["warmup"].add_argument(
+        "--rebuild", nargs="?", const="", default=None, metavar="DIR",
+        help="train the warm-up anew (about 10 min) into DIR (default: the cache, where runs of this config find it) "
+             "instead of loading the pinned policy")
     t = sub.add_parser("train")
     _add_common(t)
     _add_method(t, required=True)
@@ -154,7 +158,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     print(cfg, flush=True)
     if args.command == "config":
         return 0
-    run = {"world": commands.world, "warmup": commands.warmup, "demo": commands.demo}.get(args.command)
+    if args.command == "warmup":
+        commands.warmup(cfg, None if args.rebuild is None else Path(args.rebuild) if args.rebuild else True)
+        return 0
+    run = {"world": commands.world, "demo": commands.demo}.get(args.command)
     if run:
         run(cfg)
     elif args.command == "preflight":

@@ -154,13 +154,19 @@ def world(cfg: Config) -> None:
         print(f"[{q.data_source}] {q.question} -> {list(q.golden_answers)}")
 
 
-def warmup(cfg: Config) -> EvalResult:
-    """Warm up (or load) the tiny policy; print single-hop and multi-hop greedy EM and one transcript."""
+def warmup(cfg: Config, rebuild: Path | bool | None = None) -> EvalResult:
+    """Load the starting policy (pinned, hash checked), or with `rebuild` train it anew (into the cache, or the
+    directory given); print single-hop and multi-hop greedy EM and one transcript."""
+    from tg.pipeline import warmup_config
     from tg.policy import load_policy
+    from tg.warmup import build_warmup
     t0 = time.perf_counter()
+    if rebuild is not None:
+        built = build_warmup(warmup_config(cfg), None if rebuild is True else rebuild)
+        cfg = cfg.replace(model=dict(name_or_path=str(built)))
     res = load_resources(cfg)
     model, tok = load_policy(res.policy_path)
-    print(f"warmed-up policy: {res.policy_path} ({time.perf_counter() - t0:.0f} s incl. cache check)")
+    print(f"starting policy: {res.policy_path} ({time.perf_counter() - t0:.0f} s)")
     result = evaluate_model(model, tok, res, cfg)
     print("transcript of the first multi-hop test question:\n" + result.transcripts[len(res.test_sets(cfg)[0])])
     print("greedy EM:", {k: round(v, 3) for k, v in result.by_source().items()})

@@ -345,8 +345,7 @@ def run_experiment(name: str, workers: int = 2, root: str | Path | None = None,
     if not jobs:
         return path
     for overrides in dict.fromkeys(c.overrides for c in cells if c.kind != "theory"):
-        load_resources(cell_config(Cell("", "start", overrides), 0))  # world and warm-ups, once, before the workers
-    check_starts(jobs, root, path.parent)
+        load_resources(cell_config(Cell("", "start", overrides), 0))  # world and pinned starts, once, before the workers
     t0, errors = time.perf_counter(), []
     bar = tqdm(total=sum(_job_weight(j) for j in jobs), desc=name, unit="step")
     if workers <= 1:
@@ -372,43 +371,6 @@ def run_experiment(name: str, workers: int = 2, root: str | Path | None = None,
     for e in errors:
         print("  FAILED", e)
     return path
-
-
-class StartMismatch(ConfigError):
-    """The starting policy this machine loads is not the one behind the rows already in a results directory."""
-
-
-START_COLUMNS = ("em_single", "em_multi", "n_single", "n_multi")
-
-
-def check_starts(jobs: list[Job], root: Path, results: Path) -> None:
-    """Refuse to add training or ledger rows next to rows that started from another policy.
-
-    For each (setting, regime) the jobs start from, the `start` row already in a CSV of `results` (if
-    any) is the starting policy's greedy evaluation; the policy this checkout loads is evaluated again
-    (the same cell, about 15 s) and must score it exactly. A warm-up rebuilt on another CPU can differ
-    (README, "Reproducing on another CPU"), and its rows would silently mix two experiments."""
-    from tg.warmup import torch_threads
-    starts = {}
-    for job in jobs:
-        if job.cell.kind in ("train", "ledger"):
-            regime, setting = regime_of(job.cell), cell_config(job.cell, job.seed).data.setting
-            starts.setdefault((setting, regime), start_cell(regime, setting))
-    committed = {r["cell"]: (csv_path, r) for csv_path in sorted(results.glob("*.csv"))
-                 for r in csv.DictReader(csv_path.open()) if r["cell"].endswith("/start") and r["step"] == "0"}
-    for cell in starts.values():
-        if cell.name not in committed:
-            continue
-        csv_path, row = committed[cell.name]
-        with torch_threads(1):   # as the workers that wrote the rows evaluate
-            fresh = next(run_job(Job("start-check", cell, 0, (0,)), root))
-        if any(float(fresh[k]) != float(row[k]) for k in START_COLUMNS):
-            raise StartMismatch(
-                f"{csv_path}: its {cell.name} row says the starting policy scores EM {row['em_single']} / "
-                f"{row['em_multi']} (single / multi-hop), but the policy this checkout loads on this machine "
-                f"scores {fresh['em_single']} / {fresh['em_multi']}: new rows would start from another policy than "
-                f"the rows there. Run the grid into a fresh results directory (`tg mini run ... --root DIR`), or pin "
-                f"the policy those rows started from in results/mini/policies/ (README there).")
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:

@@ -53,7 +53,7 @@ from typing import Any, Iterator, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from tg.config import Config, WarmupConfig
+from tg.config import Config, ConfigError, WarmupConfig
 from tg.policy import CHAT_TEMPLATE, build_tiny_policy, save_policy
 from tg.protocol import (Step, Trajectory, build_prompt, format_observation, parse_action, prompt_ids,
                          user_turn_ids)
@@ -69,12 +69,8 @@ WARMUP_VERSION = 2
 CURRICULUM_SHARE = 0.7
 """Share of the steps (the first ones) that show the question without the instruction."""
 WARMUP_THREADS = 1
-"""Torch threads for the warm-up, whatever the caller's: the result depends on the thread count (float
-summation order; a 2-thread warm-up gave greedy EM 0.54 / 0.083 where the 1-thread one behind
-results/mini gives 0.50 / 0.127), so one count keeps every fresh clone on the same policy, on one kind
-of CPU: with the caller at 2 threads, a fresh warm-up reproduced that cached policy bit for bit
-(2026-11-30); an AMD EPYC with AVX-512 builds another (README, "Reproducing on another CPU"). It costs
-time: 529-586 s instead of 323 s with 2 threads on 2 cores."""
+"""Torch threads for the warm-up, whatever the caller's: its floats depend on the thread count (and on the
+CPU's kernels), so one count makes a rebuild repeatable on one machine."""
 
 
 @contextmanager
@@ -306,8 +302,7 @@ def code_key() -> str:
 
 
 def machine() -> str:
-    """The CPU and torch's vector ISA: with the thread count, what a warm-up's floats depend on (an AMD EPYC
-    with AVX-512 rebuilds the moderate policy differently from the machines that ran results/mini)."""
+    """The CPU and torch's vector ISA, recorded beside a rebuilt warm-up (its floats depend on them)."""
     cpuinfo = Path("/proc/cpuinfo")
     names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
              if line.startswith("model name")] if cpuinfo.exists() else []
@@ -315,29 +310,60 @@ def machine() -> str:
            f"{torch.backends.cpu.get_cpu_capability()})"
 
 
-PINNED_DIR = "results/mini/policies"
-"""Warmed-up policies committed with the results they started, used in place of a warm-up of the same
-directory name: one (the hard regime's) was trained before the warm-up's thread count was pinned, and no
-rebuild reproduces it bit for bit (results/mini/policies/README.md)."""
+PINNED_DIR = Path(__file__).parent / "policies"
+"""The committed starting policies (package data: a `pip install` gets them too), one directory each, named
+as the warm-up they stand for (`warmup_dir`). Results depend on a start's exact weights, and a rebuilt
+warm-up differs by CPU kind (float order), so every run loads these instead of rebuilding them."""
+
+PINNED: dict[str, str] = {
+    "warmup-fb4da30d3995-722e49": "00f7348b7b12418613eba3a1c0b547ca7fe953582d419260b3c086b3b01353cd",  # moderate
+    "warmup-2f9bf1528d85-722e49": "b9ec9765a3073267aac90cfc77ae31b746474017276086f82e9438ed27372fbe",  # hard
+}
+"""Pinned directory name -> sha256 of its model.safetensors, checked at every load."""
+
+
+class PolicyError(ConfigError):
+    """A starting policy is missing or its weights are not the pinned bytes."""
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def pinned_policy(name: str) -> Path:
+    """The pinned policy `name`, after checking its weights' sha256 against `PINNED`."""
+    path = PINNED_DIR / name
+    got = sha256_of(path / "model.safetensors") if (path / "model.safetensors").exists() else "no file"
+    if got != PINNED[name]:
+        raise PolicyError(f"{path / 'model.safetensors'}: sha256 {got[:12]}, expected {PINNED[name][:12]}; the pinned "
+                          "starting policy is damaged: restore it with `git checkout -- tg/policies`")
+    return path
 
 
 def warmup_dir(cfg: Config) -> Path:
-    """Where the warmed-up policy lives: `<cache_dir>/warmup-<hash(model, data, warmup)>-<code_key()>/`."""
+    """Where a rebuilt warm-up lives: `<cache_dir>/warmup-<hash(model, data, warmup)>-<code_key()>/`."""
     return resolve(cfg.cache_dir) / f"warmup-{cfg.hash('model', 'data', 'warmup')}-{code_key()}"
 
 
-def warmed_up_policy(cfg: Config, progress: bool = True) -> Path:
-    """The directory of the warmed-up tiny policy (save_pretrained model + tokenizer): a pinned one
-    (`PINNED_DIR`), else the cached one, else trained now.
-
-    Written atomically (a temporary directory, then a rename), so concurrent callers and interrupted
-    runs never see a half-written checkpoint. `warmup.json` beside it records losses and wall time.
-    """
+def warmed_up_policy(cfg: Config) -> Path:
+    """The directory of the warmed-up tiny policy (save_pretrained model + tokenizer): the pinned one of
+    this config (hash checked), else one rebuilt earlier into the cache by `build_warmup`. Nothing is
+    trained here: a config without either raises `PolicyError` naming the fix."""
     target = warmup_dir(cfg)
-    pinned = resolve(PINNED_DIR) / target.name
-    for done in (pinned, target):  # pinned first: a cache may hold a rebuilt, different policy of that name
-        if (done / "warmup.json").exists():
-            return done
+    if target.name in PINNED:
+        return pinned_policy(target.name)
+    if (target / "warmup.json").exists():
+        return target
+    raise PolicyError(f"no starting policy for this warm-up config ({target.name}): the pinned ones are the "
+                      "cpu preset's two regimes (tg/policies). Build this one with `tg warmup --rebuild` "
+                      "(with the same --set overrides; about 10 minutes on 2 cores), then rerun.")
+
+
+def build_warmup(cfg: Config, target: Path | None = None, progress: bool = True) -> Path:
+    """Train the warm-up of `cfg` now and save it to `target` (default: `warmup_dir(cfg)`, where
+    `warmed_up_policy` finds it). Written atomically (a temporary directory, then a rename), so an
+    interrupted run never leaves a half-written policy; `warmup.json` records losses and wall time."""
+    target = Path(target) if target is not None else warmup_dir(cfg)
     t0 = time.perf_counter()
     world_path = ensure_world(cfg.data, cfg.cache_dir)
     world, retriever = load_world(world_path), bm25_for(world_path / "corpus.jsonl")
@@ -350,6 +376,7 @@ def warmed_up_policy(cfg: Config, progress: bool = True) -> Path:
         torch.manual_seed(cfg.warmup.seed)
         losses = train(model, demos, cfg.warmup, tokenizer.pad_token_id, name_groups(world, tokenizer), short,
                        progress)
+    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f"{target.name}.tmp-{random.randrange(1 << 30)}")
     save_policy(model, tokenizer, tmp)
     (tmp / "tg_config.json").write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))  # config.json is the model's
@@ -358,8 +385,7 @@ def warmed_up_policy(cfg: Config, progress: bool = True) -> Path:
               "demo_tokens": sum(len(d.ids) for d in demos), "world": str(world_path), "machine": machine(),
               "torch": torch.__version__}
     (tmp / "warmup.json").write_text(json.dumps(record))
-    try:
-        tmp.rename(target)
-    except OSError:  # another process finished first; its checkpoint is equivalent
-        shutil.rmtree(tmp)
+    if target.exists():
+        shutil.rmtree(target)   # asked for a rebuild: the new policy replaces the old one
+    tmp.rename(target)
     return target
