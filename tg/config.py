@@ -288,6 +288,7 @@ class OptimConfig:
                "a divisor of optim.prompts_per_step", self.mini_batch_prompts)
         _check(self.lr > 0, "optim.lr", "> 0", self.lr)
         _check(0.0 <= self.warmup_ratio <= 1.0, "optim.warmup_ratio", "[0, 1]", self.warmup_ratio)
+        _check(self.grad_clip > 0, "optim.grad_clip", "> 0 (a negative clip reverses every update)", self.grad_clip)
         _check(self.advantage in ("chain", "inter", "intra", "intra+inter"), "optim.advantage",
                "'chain', 'inter', 'intra', 'intra+inter'", self.advantage)
         _check(self.adv_singleton in ("zero", "raw"), "optim.adv_singleton", "'zero', 'raw'", self.adv_singleton)
