@@ -6,7 +6,6 @@ with provenance (preset, config hash, git sha, date, seed), appended to a CSV th
 
 from __future__ import annotations
 
-import csv
 import datetime as _dt
 import random
 import subprocess
@@ -20,6 +19,7 @@ from tqdm.auto import tqdm
 from tg.config import Config
 from tg.engine import Engine, Sampling
 from tg.env import SearchEnv
+from tg.files import append_csv_rows
 from tg.data import Question
 from tg.protocol import prompt_ids
 from tg.reward import answer_score
@@ -87,13 +87,6 @@ def result_row(result: EvalResult, cfg: Config, *, method: str, model: str, seed
 
 
 def append_row(path: str | Path, row: dict) -> None:
-    """Append `row` to a CSV, widening the header when new columns appear."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rows = list(csv.DictReader(path.open())) if path.exists() else []
-    rows.append({k: str(v) for k, v in row.items()})
-    cols = list(dict.fromkeys(k for r in rows for k in r))
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        w.writerows(rows)
+    """Append `row` to a CSV, widening the header when new columns appear; safe with concurrent writers
+    (`tg.files.append_csv_rows`)."""
+    append_csv_rows(Path(path), [row])

@@ -20,7 +20,6 @@ from __future__ import annotations
 import csv
 import datetime as _dt
 import multiprocessing as mp
-import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from tg.config import Config, ConfigError, load_config
+from tg.files import append_csv_rows
 
 REGIMES: dict[str, tuple[str, ...]] = {"moderate": (), "hard": ("warmup.early_stop_share=0.95",)}
 """Config overrides of each starting regime (the warm-up's difficulty knob)."""
@@ -152,17 +152,8 @@ def done_keys(path: Path) -> set[tuple[str, int, int]]:
 
 
 def append_rows(path: Path, rows: list[dict]) -> None:
-    """Append rows, widening the header when new columns appear (one writer: the parent process)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    old = list(csv.DictReader(path.open())) if path.exists() else []
-    allrows = old + [{k: str(v) for k, v in r.items()} for r in rows]
-    cols = list(dict.fromkeys(k for r in allrows for k in r))
-    tmp = path.with_suffix(".csv.tmp")
-    with tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        w.writerows(allrows)
-    os.replace(tmp, path)
+    """Append rows, widening the header when new columns appear (locked and atomic: `tg.files.append_csv_rows`)."""
+    append_csv_rows(path, rows)
 
 
 @dataclass(frozen=True)
