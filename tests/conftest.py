@@ -1,4 +1,5 @@
-"""Shared fixtures: the synthetic world, a random-init tiny policy (the paper model's class), the env."""
+"""Shared fixtures: the synthetic world, a random-init tiny policy (the paper model's class), the pinned
+warmed-up policy (for tests that train), the env."""
 
 import pytest
 import torch
@@ -8,8 +9,8 @@ from tg.data import load_split
 from tg.env import SearchEnv
 from tg.policy import build_tiny_policy
 from tg.retrieval import CachedRetriever, bm25_for
+from tg.warmup import warmed_up_policy
 from tg.world import ensure_world, load_world
-
 
 
 @pytest.fixture(scope="session")
@@ -24,10 +25,19 @@ def world_dir(cfg):
 
 @pytest.fixture(scope="session")
 def random_policy(cfg, world_dir):
-    """A random-init tiny Qwen2 and the world's tokenizer: protocol-blind, but every code path runs."""
+    """A random-init tiny Qwen2 and the world's tokenizer: protocol-blind, but every code path runs. It never
+    writes a valid format, so every leaf scores the same and every advantage is 0: tests that train use
+    `warm_policy_dir`, whose rewards differ."""
     torch.manual_seed(0)
     model, tok = build_tiny_policy(cfg.model, load_world(world_dir))
     return model.eval(), tok
+
+
+@pytest.fixture(scope="session")
+def warm_policy_dir(cfg):
+    """The pinned warmed-up policy of the cpu preset (model + tokenizer directory): it follows the protocol
+    and answers some questions right, so its leaves' rewards differ and training moves the weights."""
+    return warmed_up_policy(cfg)
 
 
 @pytest.fixture(scope="session")
