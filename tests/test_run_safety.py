@@ -3,15 +3,24 @@ a finished run, a resume under another config, a gradient clip that reverses the
 
 import csv
 import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from tg import mini
-from tg.config import ConfigError
+from tg import commands, mini
+from tg.cli import main, method_config
+from tg.config import ConfigError, load_config
 from tg.evaluate import append_row
+from tg.rundir import RunDirError, run_lock, training_differences
 
 WRITERS, APPENDS = 4, 100
+HOLD = "import sys; from tg.rundir import run_lock\nwith run_lock(sys.argv[1]):\n    print('held', flush=True)\n" \
+       "    sys.stdin.read()\n"
 
 
 @pytest.mark.parametrize("value", ["-1", "0", "NaN"])
@@ -44,3 +53,95 @@ def test_concurrent_appends_lose_no_row(tmp_path, writer):
                                                                       for i in range(APPENDS)]
     assert list(rows[0]) == ["writer", "i", "extra"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs.csv", "runs.csv.lock"]   # no temporary left
+
+
+@pytest.fixture
+def holder(tmp_path):
+    """Another process holding the run lock of tmp_path/run; yields its PID."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, cwd=Path(__file__).parents[1])
+    assert proc.stdout.readline() == "held\n"
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_a_second_run_in_a_directory_is_refused(holder, tmp_path, capsys, monkeypatch):
+    run = tmp_path / "run"
+    monkeypatch.setattr(commands, "build_run", _no_training)
+    assert main(["train", "--method", "tree", "--run-dir", str(run), "--skip-preflight"]) == 2
+    err = capsys.readouterr().err
+    assert f"in use by process {holder.pid} ({run / 'run.lock'})" in err and err.count("\n") == 1
+    assert sorted(p.name for p in run.iterdir()) == ["run.lock"]                 # nothing written
+    os.kill(holder.pid, signal.SIGKILL)                                         # the kernel drops a dead holder's lock
+    holder.wait()
+    with run_lock(run), run_lock(run):                                          # re-entrant in one process
+        assert (run / "run.lock").read_text() == f"{os.getpid()}\n"
+    assert (run / "run.lock").read_text() == ""
+
+
+def test_trainer_fit_takes_the_run_lock(holder, cfg, warm_policy_dir, make_env, train_questions, tmp_path):
+    from transformers import AutoTokenizer
+    from tg.finetune import trainable_policy
+    from tg.trainer import Trainer
+    tok = AutoTokenizer.from_pretrained(warm_policy_dir)
+    tr = Trainer(cfg, trainable_policy(warm_policy_dir, cfg.model, torch.device("cpu")), tok, make_env(tok), train_questions,
+                 tmp_path / "run")
+    with pytest.raises(RunDirError, match=f"in use by process {holder.pid}"):
+        tr.fit(steps=1, progress=False)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+class Trained(Exception):
+    """Raised in place of building a run: the command got past its run-directory checks."""
+
+
+def _no_training(*args, **kwargs):
+    raise Trained
+
+
+def _old_run(run: Path, cfg) -> dict[str, bytes]:
+    cfg.save(run)
+    (run / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    (run / "checkpoint.pt").write_bytes(b"step 2")
+    return {p.name: p.read_bytes() for p in run.iterdir()}
+
+
+def test_train_never_replaces_a_run_unasked(tmp_path, capsys, monkeypatch):
+    run = tmp_path / "run"
+    before = _old_run(run, method_config(load_config("cpu"), "tree"))
+    monkeypatch.setattr(commands, "build_run", _no_training)
+    assert main(["train", "--method", "tree", "--run-dir", str(run), "--skip-preflight"]) == 2
+    err = capsys.readouterr().err
+    assert f"{run} already holds a run (checkpoint.pt, metrics.jsonl, at step 2)" in err and err.count("\n") == 1
+    assert "--resume" in err and "--overwrite" in err
+    assert {n: (run / n).read_bytes() for n in before} == before
+    with pytest.raises(SystemExit):
+        main(["train", "--method", "tree", "--run-dir", str(run), "--resume", "--overwrite"])
+    with pytest.raises(Trained):
+        main(["train", "--method", "tree", "--run-dir", str(run), "--skip-preflight", "--overwrite"])
+    assert not (run / "metrics.jsonl").exists() and not (run / "checkpoint.pt").exists()
+
+
+def test_resume_refuses_a_config_that_trains_differently(tmp_path, capsys, monkeypatch):
+    run = tmp_path / "run"
+    _old_run(run, method_config(load_config("cpu"), "tree"))
+    monkeypatch.setattr(commands, "build_run", _no_training)
+    assert main(["train", "--method", "tree", "--M", "4", "--set", "optim.lr=0.001", "--resume",
+                 "--run-dir", str(run), "--skip-preflight"]) == 2
+    err = capsys.readouterr().err
+    assert "tree.M: 2 -> 4" in err and "optim.lr: 0.0001 -> 0.001" in err and err.count("\n") == 1
+    assert '"lr": 0.0001' in (run / "tg_config.json").read_text()              # the saved config is kept
+    with pytest.raises(Trained):                                               # evaluation and bookkeeping may change
+        main(["train", "--method", "tree", "--resume", "--run-dir", str(run), "--skip-preflight", "--steps", "90",
+              "--set", "eval.n_single=5", "--set", "optim.checkpoint_every=1"])
+
+
+def test_training_differences_name_what_changes_training(cfg):
+    assert training_differences(cfg, cfg.replace(eval=dict(n_multi=3), optim=dict(micro_batch_rows=1))) == []
+    assert training_differences(cfg, cfg.replace(optim=dict(steps=90))) == []                 # constant LR
+    warm = cfg.replace(optim=dict(warmup_ratio=0.3))
+    assert training_differences(warm, warm.replace(optim=dict(steps=90))) == ["optim.steps: 60 -> 90"]
+    assert training_differences(cfg, cfg.replace(agent=dict(reward="official"), data=dict(top_k=5))) == [
+        "data.top_k: 3 -> 5", "agent.reward: 'paper' -> 'official'"]

@@ -77,7 +77,10 @@ def parser() -> argparse.ArgumentParser:
     _add_common(t)
     _add_method(t, required=True)
     t.add_argument("--seed", type=int)
-    t.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint.pt")
+    again = t.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint.pt")
+    again.add_argument("--overwrite", action="store_true", help="replace the run already in RUN_DIR (its checkpoints "
+                                                                 "and metrics) instead of refusing")
     t.add_argument("--run-dir", default=None, help="default runs/<method>-<config hash>")
     t.add_argument("--skip-preflight", action="store_true", help="do not run `tg preflight`'s checks first")
     f = sub.add_parser("preflight", help="check CUDA, memory, model, data, retriever; estimate the wall time")
@@ -168,7 +171,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return commands.preflight(cfg, args.decode_tps, args.train_tps, measure=not args.no_measure)
     elif args.command == "train":
         row = commands.train(cfg, Path(args.run_dir) if args.run_dir else None, args.resume,
-                             preflight=not args.skip_preflight)
+                             preflight=not args.skip_preflight, overwrite=args.overwrite)
         return 0 if row is not None else 1
     elif args.command == "eval":
         commands.evaluate_policy(cfg, args.policy, Path(args.out))

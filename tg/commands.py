@@ -6,7 +6,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import torch
 
@@ -16,8 +16,12 @@ from tg.engine import HFEngine
 from tg.evaluate import EvalResult, append_row, evaluate, result_row
 from tg.finetune import default_device, trainable_policy
 from tg.pipeline import Resources, load_resources
+from tg.rundir import check_run_dir, run_lock
 from tg.trainer import Trainer
 from tg.world import resolve
+
+if TYPE_CHECKING:
+    from tg.preflight import ModelShape
 
 RESULTS = "results"
 
@@ -87,20 +91,32 @@ def default_run_dir(cfg: Config) -> Path:
     return resolve("runs") / f"{kind}-{cfg.hash()}"
 
 
-def train(cfg: Config, run_dir: Path | None, resume: bool, preflight: bool = True) -> dict | None:
+def train(cfg: Config, run_dir: Path | None, resume: bool, preflight: bool = True,
+          overwrite: bool = False) -> dict | None:
     """Pre-flight (not for the tiny model), train, evaluate every optim.eval_every steps and at the end, and
     append one Table-1-shaped row per evaluation to results/runs.csv. Returns the last row, or None,
-    having printed the failing checks, when the pre-flight fails."""
-    from tg.preflight import check_longest_sample, check_wall_time, format_report, static_checks
+    having printed the failing checks, when the pre-flight fails. The run directory is this run's alone
+    from the pre-flight on (tg.rundir): a run already there is continued only with `resume` (under a
+    config that trains the same) and replaced only with `overwrite`."""
+    from tg.preflight import format_report, static_checks
     checked, shape = preflight and cfg.model.name_or_path != "tiny", None
     if checked:
         checks, shape = static_checks(cfg)
         print(format_report(checks), flush=True)
         if any(c.failed for c in checks):
             return None
-    run_dir = run_dir or default_run_dir(cfg)
+    run_dir = Path(run_dir or default_run_dir(cfg))
+    with run_lock(run_dir):
+        check_run_dir(run_dir, cfg, resume, overwrite)
+        return _train_in(cfg, run_dir, resume, shape)
+
+
+def _train_in(cfg: Config, run_dir: Path, resume: bool, shape: ModelShape | None) -> dict | None:
+    """`train` once the run directory is held: with a pre-flight `shape`, the longest sample first (OOM in
+    minute one), then train and evaluate."""
+    from tg.preflight import check_longest_sample, check_wall_time, format_report
     run = build_run(cfg, run_dir)
-    if checked and shape is not None and torch.cuda.is_available():  # the longest sample first: OOM in minute one
+    if shape is not None and torch.cuda.is_available():
         longest, tp = check_longest_sample(run.trainer.policy.model, cfg, shape.vocab)
         print(format_report([longest, check_wall_time(cfg, tp)]), flush=True)
         if longest.failed:

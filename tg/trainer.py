@@ -40,12 +40,14 @@ from tg.budget import Ledger, ledgers
 from tg.config import Config
 from tg.engine import Engine, HFEngine, Sampling
 from tg.env import SearchEnv
+from tg.files import atomic_write_text
 from tg.finetune import TrainablePolicy
 from tg.loss import entropy_from_logits, grpo_loss, token_logprobs
 from tg.packing import PackedBatch, pack_batch, packed_row_logits
 from tg.data import Question
 from tg.protocol import prompt_ids
 from tg.reward import answer_score, is_valid_format, reward
+from tg.rundir import run_lock
 from tg.tree import RolloutStats, Tree, sample_trees
 
 METRICS: dict[str, str] = {
@@ -349,8 +351,12 @@ class Trainer:
 
     # ---- the loop -------------------------------------------------------------------------------------
     def fit(self, steps: int | None = None, resume: bool = False, progress: bool = True) -> list[dict]:
-        """Train to `steps` (default optim.steps); append metrics to metrics.jsonl; checkpoint every K steps."""
-        total = steps or self.cfg.optim.steps
+        """Train to `steps` (default optim.steps); append metrics to metrics.jsonl; checkpoint every K steps.
+        Holds the run directory's lock (tg.rundir.run_lock) throughout: one run per directory at a time."""
+        with run_lock(self.run_dir):
+            return self._fit(steps or self.cfg.optim.steps, resume, progress)
+
+    def _fit(self, total: int, resume: bool, progress: bool) -> list[dict]:
         metrics_path = self.run_dir / "metrics.jsonl"
         if resume and self.checkpoint_path.exists():
             self.load_checkpoint()
@@ -359,7 +365,7 @@ class Trainer:
         kept = [json.loads(x) for x in metrics_path.read_text().splitlines()] if metrics_path.exists() and resume else []
         kept = [r for r in kept if r["step"] <= self.step_done]
         self.engine.sync(self.policy.model, self.probe)  # a separate engine serves the (resumed) policy from step one
-        metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        atomic_write_text(metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
         every = self.cfg.optim.checkpoint_every
         bar = tqdm(total=total, initial=self.step_done, desc="train", disable=not progress)
         while self.step_done < total:

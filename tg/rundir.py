@@ -1,0 +1,130 @@
+"""Run directories that one run owns at a time and never loses.
+
+- One run per directory: `run_lock` holds RUN_DIR/run.lock (fcntl), which names the holder's PID; a second
+  run in the directory is refused, not interleaved.
+- No silent overwrite: `check_run_dir` refuses a directory that already holds a run unless the run is
+  resumed or explicitly overwritten, and refuses to resume under a config that trains differently.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from tg.config import Config, ConfigError
+
+RUN_LOCK = "run.lock"
+CHECKPOINT = "checkpoint.pt"
+METRICS = "metrics.jsonl"
+CONFIG = "tg_config.json"
+RUN_FILES = (CHECKPOINT, METRICS)
+"""The files of a run that `tg train` without --resume would replace."""
+
+NOT_TRAINING = frozenset({
+    "preset", "cache_dir", "eval.n_single", "eval.n_multi", "eval.batch_size", "optim.checkpoint_every",
+    "optim.eval_every", "optim.micro_batch_rows", "model.gradient_checkpointing", "agent.vllm_kv_cache_gib",
+    "agent.vllm_gpu_memory_utilization"})
+"""Config fields a resumed run may change: evaluation, bookkeeping, memory (micro-batches accumulate to the
+same gradient up to float summation order) and places. optim.steps joins them when the LR schedule is
+constant (warmup_ratio 0 before and after); every other field changes what is trained."""
+
+_HELD: set[Path] = set()
+"""Run directories whose lock this process holds (run_lock is re-entrant within a process)."""
+
+
+class RunDirError(ConfigError):
+    """A run directory cannot be used as asked: in use, holding another run, or saved under another config.
+    The message names the path and what to do."""
+
+
+@contextmanager
+def run_lock(run_dir: str | Path) -> Iterator[None]:
+    """Own `run_dir` for the block: an exclusive lock on RUN_DIR/run.lock, which holds this process's PID.
+    Raises RunDirError naming the holder when another process owns it. Re-entrant within one process
+    (`tg train` holds it around `Trainer.fit`, which takes it too); the kernel drops it when the holder
+    exits, even killed, so a crashed run never blocks its resume."""
+    key = Path(run_dir).resolve()
+    if key in _HELD:
+        yield
+        return
+    key.mkdir(parents=True, exist_ok=True)
+    with (key / RUN_LOCK).open("a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip()
+            raise RunDirError(f"run directory {key} is in use by {f'process {holder}' if holder else 'another run'} "
+                              f"({key / RUN_LOCK}): wait for it to end or choose another --run-dir") from None
+        f.truncate(0)
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        _HELD.add(key)
+        try:
+            yield
+        finally:
+            _HELD.discard(key)
+            f.truncate(0)
+
+
+def _flat(cfg: Config) -> dict[str, Any]:
+    """Every field as 'group.field' (or 'preset', 'cache_dir') -> value."""
+    out: dict[str, Any] = {}
+    for name, value in cfg.to_dict().items():
+        if isinstance(value, dict):
+            out.update({f"{name}.{k}": v for k, v in value.items()})
+        else:
+            out[name] = value
+    return out
+
+
+def training_differences(saved: Config, new: Config) -> list[str]:
+    """'field: saved -> new' for every field on which `new` trains differently from `saved` (NOT_TRAINING aside)."""
+    skip = NOT_TRAINING | ({"optim.steps"} if saved.optim.warmup_ratio == 0 == new.optim.warmup_ratio else set())
+    a, b = _flat(saved), _flat(new)
+    return [f"{k}: {a[k]!r} -> {b[k]!r}" for k in a if k not in skip and a[k] != b[k]]
+
+
+def saved_config(run_dir: Path) -> Config | None:
+    """The config saved in RUN_DIR/tg_config.json, None when there is none."""
+    path = run_dir / CONFIG
+    if not path.exists():
+        return None
+    try:
+        return Config.from_dict(json.loads(path.read_text()))
+    except (ValueError, TypeError) as err:  # JSONDecodeError and ConfigError are ValueErrors
+        raise RunDirError(f"{path} is not a readable config ({err}); pass --overwrite to start the run anew") from err
+
+
+def _last_step(run_dir: Path) -> int | None:
+    path = run_dir / METRICS
+    lines = path.read_text().splitlines() if path.exists() else []
+    try:
+        return int(json.loads(lines[-1])["step"]) if lines else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def check_run_dir(run_dir: Path, cfg: Config, resume: bool, overwrite: bool) -> None:
+    """Before `tg train` writes into `run_dir` (holding its `run_lock`): without `resume` or `overwrite`, refuse
+    a directory that already holds a run, finished or not; with `resume`, refuse a saved config that trains
+    differently, naming the fields; with `overwrite`, delete the old run's checkpoints and metrics."""
+    found = [n for n in RUN_FILES if (run_dir / n).exists()]
+    if resume:
+        saved = saved_config(run_dir)
+        diff = training_differences(saved, cfg) if saved is not None else []
+        if diff:
+            raise RunDirError(f"--resume of {run_dir} under a config that trains differently from its {CONFIG} "
+                              f"({'; '.join(diff)}): resume with the saved values, or pass --overwrite instead")
+    elif found and not overwrite:
+        step = _last_step(run_dir)
+        raise RunDirError(f"run directory {run_dir} already holds a run ({', '.join(found)}"
+                          f"{f', at step {step}' if step is not None else ''}): pass --resume to continue it or "
+                          "--overwrite to replace it")
+    elif overwrite:
+        for name in found:
+            (run_dir / name).unlink()
