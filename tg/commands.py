@@ -16,7 +16,7 @@ from tg.engine import HFEngine
 from tg.evaluate import EvalResult, append_row, evaluate, result_row
 from tg.finetune import default_device, trainable_policy
 from tg.pipeline import Resources, load_resources
-from tg.rundir import check_run_dir, run_lock
+from tg.rundir import check_run_dir, has_checkpoint, read_checkpoint, run_lock
 from tg.trainer import Trainer
 from tg.world import resolve
 
@@ -121,8 +121,7 @@ def _train_in(cfg: Config, run_dir: Path, resume: bool, shape: ModelShape | None
         print(format_report([longest, check_wall_time(cfg, tp)]), flush=True)
         if longest.failed:
             return None
-    done = torch.load(run.trainer.checkpoint_path, weights_only=False)["step"] if resume and \
-        run.trainer.checkpoint_path.exists() else 0
+    done = read_checkpoint(run_dir, mmap=True).state["step"] if resume and has_checkpoint(run_dir) else 0
     points = [p for p in cfg.optim.eval_points() if p > done] or [cfg.optim.steps]
     for step, metrics, result in train_and_evaluate(run, cfg, points, resume):
         row = result_row(result, cfg, method=method_name(cfg), model=cfg.model.name_or_path, seed=cfg.optim.seed,

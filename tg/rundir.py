@@ -4,6 +4,9 @@
   run in the directory is refused, not interleaved.
 - No silent overwrite: `check_run_dir` refuses a directory that already holds a run unless the run is
   resumed or explicitly overwritten, and refuses to resume under a config that trains differently.
+- Checkpoints: `write_checkpoint` reads the new file back before it replaces the old one, and keeps the
+  last verified one as checkpoint.prev.pt; `read_checkpoint` falls back to it when checkpoint.pt is
+  truncated or corrupt.
 """
 
 from __future__ import annotations
@@ -11,17 +14,22 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import pickle
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
+
+import torch
 
 from tg.config import Config, ConfigError
 
 RUN_LOCK = "run.lock"
 CHECKPOINT = "checkpoint.pt"
+PREVIOUS = "checkpoint.prev.pt"
 METRICS = "metrics.jsonl"
 CONFIG = "tg_config.json"
-RUN_FILES = (CHECKPOINT, METRICS)
+RUN_FILES = (CHECKPOINT, PREVIOUS, METRICS)
 """The files of a run that `tg train` without --resume would replace."""
 
 NOT_TRAINING = frozenset({
@@ -37,8 +45,8 @@ _HELD: set[Path] = set()
 
 
 class RunDirError(ConfigError):
-    """A run directory cannot be used as asked: in use, holding another run, or saved under another config.
-    The message names the path and what to do."""
+    """A run directory cannot be used as asked: in use, holding another run, saved under another config,
+    or without a readable checkpoint. The message names the path and what to do."""
 
 
 @contextmanager
@@ -128,3 +136,77 @@ def check_run_dir(run_dir: Path, cfg: Config, resume: bool, overwrite: bool) -> 
     elif overwrite:
         for name in found:
             (run_dir / name).unlink()
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A checkpoint read back: its state, its path, and why a newer one was passed over (None if not)."""
+
+    state: dict
+    path: Path
+    skipped: str | None = None
+
+
+_UNREADABLE = (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError)
+"""What torch.load raises on a truncated or corrupt file."""
+
+
+def _load(path: Path, mmap: bool) -> dict:
+    """torch.load with one-line errors; `mmap` reads the structure and maps the tensors (a cheap check)."""
+    try:
+        state = torch.load(path, weights_only=False, mmap=mmap, map_location="cpu" if mmap else None)
+    except _UNREADABLE as err:
+        lines = str(err).strip().splitlines() or [type(err).__name__]
+        raise RunDirError(f"checkpoint {path} is unreadable (truncated or corrupt: {lines[0]})") from err
+    if not isinstance(state, dict) or "step" not in state:
+        raise RunDirError(f"checkpoint {path} is unreadable (not a tg checkpoint: no step)")
+    return state
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    return (run_dir / CHECKPOINT).exists() or (run_dir / PREVIOUS).exists()
+
+
+def read_checkpoint(run_dir: Path, mmap: bool = False) -> Loaded:
+    """The newest readable checkpoint of `run_dir`: checkpoint.pt, else (truncated, corrupt, or missing after
+    an interrupted save) checkpoint.prev.pt. Raises RunDirError naming each path when none reads."""
+    errors = []
+    for path in (run_dir / CHECKPOINT, run_dir / PREVIOUS):
+        if not path.exists():
+            errors.append(f"no {path}")
+            continue
+        try:
+            return Loaded(_load(path, mmap), path, "; ".join(errors) or None)
+        except RunDirError as err:
+            errors.append(str(err))
+    raise RunDirError(f"no readable checkpoint in {run_dir} ({'; '.join(errors)}): pass --overwrite to start the "
+                      "run anew")
+
+
+def write_checkpoint(run_dir: Path, state: dict) -> Path:
+    """Save `state` as RUN_DIR/checkpoint.pt so a readable checkpoint exists at every moment: write a temporary
+    file, read it back, move the current checkpoint (when it reads) to checkpoint.prev.pt, then the new
+    one into place. Raises RunDirError, keeping the old checkpoint, when the new file does not read back."""
+    path, tmp = run_dir / CHECKPOINT, run_dir / (CHECKPOINT + ".tmp")
+    try:
+        with tmp.open("wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        if _load(tmp, mmap=True)["step"] != state["step"]:
+            raise RunDirError(f"checkpoint {tmp} reads back another step than {state['step']}; {path} is kept")
+        if path.exists() and _readable(path):
+            os.replace(path, run_dir / PREVIOUS)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def _readable(path: Path) -> bool:
+    try:
+        _load(path, mmap=True)
+    except RunDirError:
+        return False
+    return True
+

@@ -24,7 +24,7 @@ Deviations, numbered:
 from __future__ import annotations
 
 import json
-import os
+import logging
 import random
 import time
 from dataclasses import dataclass
@@ -47,7 +47,7 @@ from tg.packing import PackedBatch, pack_batch, packed_row_logits
 from tg.data import Question
 from tg.protocol import prompt_ids
 from tg.reward import answer_score, is_valid_format, reward
-from tg.rundir import run_lock
+from tg.rundir import has_checkpoint, read_checkpoint, run_lock, write_checkpoint
 from tg.tree import RolloutStats, Tree, sample_trees
 
 METRICS: dict[str, str] = {
@@ -74,6 +74,8 @@ METRICS: dict[str, str] = {
     "update_s": "advantages + forward/backward + optimiser + engine sync seconds",
 }
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class Micro:
@@ -88,7 +90,7 @@ class Micro:
 
 
 class NonFiniteError(RuntimeError):
-    """A loss or gradient is NaN/inf: the step is stopped and no checkpoint is written."""
+    """A loss, gradient or trained weight is NaN/inf: the step is stopped and no checkpoint is written."""
 
 
 @dataclass
@@ -328,18 +330,26 @@ class Trainer:
         return self.run_dir / "checkpoint.pt"
 
     def save_checkpoint(self) -> Path:
-        """Weights (adapter for LoRA), optimiser, scheduler, every RNG, step: temp file, then rename."""
-        state = {"weights": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
+        """Weights (adapter for LoRA), optimiser, scheduler, every RNG, step (tg.rundir.write_checkpoint: the
+        previous checkpoint stays until the new one reads back). Non-finite weights are never saved."""
+        weights = self.policy.state_dict()
+        bad = [k for k, v in weights.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+        if bad:
+            raise NonFiniteError(f"step {self.step_done}: {len(bad)} of {len(weights)} weight tensors are not finite "
+                                 f"(first: {bad[0]}); no checkpoint written, {self.checkpoint_path} is kept")
+        state = {"weights": weights, "optimizer": self.optimizer.state_dict(),
                  "scheduler": self.scheduler.state_dict(), "step": self.step_done,
                  "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
                          "torch": torch.get_rng_state()}, "config": self.cfg.to_dict()}
-        tmp = self.checkpoint_path.with_suffix(".pt.tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, self.checkpoint_path)
-        return self.checkpoint_path
+        return write_checkpoint(self.run_dir, state)
 
     def load_checkpoint(self) -> int:
-        state = torch.load(self.checkpoint_path, weights_only=False)
+        """Restore the newest readable checkpoint (checkpoint.pt, else checkpoint.prev.pt, with a warning)."""
+        loaded = read_checkpoint(self.run_dir)
+        if loaded.skipped:
+            logger.warning("%s; resuming from the previous checkpoint %s (step %d)", loaded.skipped, loaded.path,
+                           loaded.state["step"])
+        state = loaded.state
         self.policy.load_state_dict(state["weights"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -358,7 +368,7 @@ class Trainer:
 
     def _fit(self, total: int, resume: bool, progress: bool) -> list[dict]:
         metrics_path = self.run_dir / "metrics.jsonl"
-        if resume and self.checkpoint_path.exists():
+        if resume and has_checkpoint(self.run_dir):
             self.load_checkpoint()
         elif not resume:
             _set_seed(self.cfg.optim.seed)
