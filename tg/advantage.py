@@ -12,7 +12,7 @@ advantage of a trajectory is its reward normalised within a group G of trajector
 
 The advantage is broadcast to every policy token of the trajectory by the loss (`tg.loss`). A
 prefix shared by several leaves appears once per leaf in the batch, so it receives the *sum* of its
-descendant leaves' advantages (PAPER.md 2.3); `node_advantages` computes that sum for a tree.
+descendant leaves' advantages (docs/paper.md#shared-prefixes); `node_advantages` computes that sum for a tree.
 
 Deviations from the paper / the official code (numbered; the config field that selects each):
 1. `eps` (optim.adv_eps = 1e-6) is added to the std, as in the official code; the paper has none.
@@ -140,7 +140,7 @@ def _check_parents(parents: Sequence[int]) -> None:
 
 
 def node_advantages(parents: Sequence[int], leaf_advantage: Mapping[int, float] | Tensor) -> list[float]:
-    """Each node's effective advantage: the sum of its descendant leaves' advantages (PAPER.md 2.3).
+    """Each node's effective advantage: the sum of its descendant leaves' advantages (docs/paper.md#shared-prefixes).
 
     Every leaf is its own training row holding the whole root-to-leaf path, so a token of node v is
     trained once per descendant leaf, each copy with that leaf's advantage: the net push on v is

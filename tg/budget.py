@@ -1,9 +1,9 @@
-"""The budget ledger: what a batch of chains or trees cost, per question (PAPER.md 1.2).
+"""The budget ledger: what a batch of chains or trees cost, per question (Eq. 4; docs/paper.md#budget).
 
 Counts recounted from the trees (generated tokens, observation tokens, tool calls, trajectories)
 sit beside the engine's own prefill accounting (computed and saved by reuse) and wall time.
 `chain_equivalent_budget` is the paper's expected cost in whole chains, M (1 + L N / 2): the
-printed Eq. 4, M B + L N B / 2, drops a factor M on the second term (PAPER.md 1.2); the budgets of
+printed Eq. 4, M B + L N B / 2, drops a factor M on the second term (docs/paper.md#budget); the budgets of
 Tables 3, 4 and 7 only match with it. `measured_equivalent` is the same quantity from the ledger.
 """
 
@@ -61,7 +61,7 @@ def ledgers(trees: Sequence[Sequence[Tree]], stats: RolloutStats) -> list[Ledger
 
 
 def chain_equivalent_budget(M: int, N: int, L: int) -> float:
-    """Expected cost of a (M, N, L) tree in whole chains: M (1 + L N / 2) (PAPER.md 1.2, Eq. 4 with the factor M).
+    """Expected cost of a (M, N, L) tree in whole chains: M (1 + L N / 2) (Eq. 4 with the factor M).
 
     >>> chain_equivalent_budget(2, 2, 1), chain_equivalent_budget(1, 2, 1), chain_equivalent_budget(4, 5, 1)
     (4.0, 2.0, 14.0)

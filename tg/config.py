@@ -145,7 +145,7 @@ class WarmupConfig:
 
 @dataclass(frozen=True)
 class AgentConfig:
-    """The ReAct search agent's episode (PAPER.md 1.1, 4.4, 4.5)."""
+    """The ReAct search agent's episode (paper §3.1, App. B.1, Table 5)."""
 
     max_turns: int = 3
     """Tool-call cap: steps before the forced final step with search disabled (paper: 3). Counts the shared prefix's steps."""
@@ -186,7 +186,7 @@ class AgentConfig:
 
 @dataclass(frozen=True)
 class TreeConfig:
-    """Rollout shape: chains (N = L = 0) or initialize-then-expand trees (PAPER.md 1.2)."""
+    """Rollout shape: chains (N = L = 0) or initialize-then-expand trees (paper §3.1, Algorithm 1)."""
 
     M: int = 2
     """Trees per prompt (chains seeding them). A chain baseline of group size G is M = G, N = L = 0."""
@@ -221,13 +221,13 @@ class TreeConfig:
 
     @property
     def chain_equivalent_budget(self) -> float:
-        """M (1 + L N / 2): PAPER.md 1.2 (the printed Eq. 4 drops the factor M on the second term)."""
+        """M (1 + L N / 2): Eq. 4 with the factor M restored on its second term (docs/paper.md#budget)."""
         return self.M * (1 + self.L * self.N / 2)
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """GRPO / Tree-GRPO optimisation (PAPER.md 2, 4.5)."""
+    """GRPO / Tree-GRPO optimisation (paper §3.2, Table 5)."""
 
     steps: int = 60
     """Training steps (paper: 180)."""
@@ -302,7 +302,7 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """Evaluation: one greedy chain per question, pure EM (PAPER.md 4.6)."""
+    """Evaluation: one greedy chain per question, pure EM (docs/paper.md#evaluation)."""
 
     n_single: int = 150
     """Test questions evaluated per single-hop data source (the first n of each; 0 = all)."""
@@ -418,7 +418,7 @@ _GROUP_TYPES = {"model": ModelConfig, "data": DataConfig, "warmup": WarmupConfig
 
 
 def _paper_1_5b(setting: str) -> dict[str, Any]:
-    """The paper's Qwen2.5-1.5B recipe (PAPER.md 4.5) adapted to one GPU; departures are named in the docs."""
+    """The paper's Qwen2.5-1.5B recipe (paper Table 5) adapted to one GPU; departures: docs/gpu.md."""
     return dict(
         model=ModelConfig(name_or_path="Qwen/Qwen2.5-1.5B", finetune="qlora", dtype="auto", lora_r=64,
                           lora_alpha=128, gradient_checkpointing=True),
@@ -432,7 +432,7 @@ def _paper_1_5b(setting: str) -> dict[str, Any]:
         # sample (4,596 tokens) need ~20 GiB of activations, mostly the 151,936-wide logits (tg.estimate).
         optim=OptimConfig(steps=180, prompts_per_step=512, mini_batch_prompts=64, micro_batch_rows=2, lr=1e-5,
                           warmup_ratio=0.285, checkpoint_every=20, eval_every=60),
-        eval=EvalConfig(n_single=0, n_multi=0, batch_size=256),  # every question of every test set (PAPER.md 4.1)
+        eval=EvalConfig(n_single=0, n_multi=0, batch_size=256),  # every question of every test set (paper App. A)
     )
 
 
@@ -444,9 +444,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 SCHEDULES: dict[str, tuple[str, ...]] = {
-    # PAPER.md 4.5: 180 steps of 512 prompts, 8 PPO updates of 64 prompts each (92,160 prompts seen).
+    # paper Table 5: 180 steps of 512 prompts, 8 PPO updates of 64 prompts each (92,160 prompts seen).
     "paper": ("optim.steps=180", "optim.prompts_per_step=512", "optim.mini_batch_prompts=64"),
-    # A few GPU-hours (README "Two schedules" for the estimate): 60 steps of 64 prompts (3,840 prompts,
+    # A few GPU-hours (docs/gpu.md#schedules for the estimate): 60 steps of 64 prompts (3,840 prompts,
     # 1/24 of the paper's), 4 updates of 16 prompts per step; warm-up ratio, LR and the tree unchanged.
     "quick": ("optim.steps=60", "optim.prompts_per_step=64", "optim.mini_batch_prompts=16"),
 }

@@ -1,4 +1,4 @@
-"""Question files in the Search-R1 / FlashRAG schema, and `prepare` to build them (PAPER.md 4.1, 6.4).
+"""Question files in the Search-R1 / FlashRAG schema, and `prepare` to build them (paper App. A; docs/paper.md#data).
 
 A question row needs `question` and `golden_answers` (a list of strings, or one string) and
 usually `data_source`. Accepted variants, so raw FlashRAG files and Search-R1 files both load:
@@ -26,14 +26,14 @@ SETTINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "single-hop": ("nq", ("nq", "triviaqa", "popqa")),
     "multi-hop": ("hotpotqa", ("hotpotqa", "2wikimultihopqa", "musique", "bamboogle")),
 }
-"""setting -> (training set, test sets), PAPER.md 4.1."""
+"""setting -> (training set, test sets), paper App. A."""
 
 TEST_SIZES: dict[str, int] = {"nq": 3610, "triviaqa": 11313, "popqa": 14267, "hotpotqa": 7405,
                               "2wikimultihopqa": 12576, "musique": 2417, "bamboogle": 125}
-"""Questions in each test set (PAPER.md 4.1), for estimates before the files exist."""
+"""Questions in each test set (paper App. A), for estimates before the files exist."""
 
 TEST_SPLIT_ORDER = ("test", "dev", "train")
-"""Split used as a dataset's test set: the first present (PAPER.md 4.1, as the official code)."""
+"""Split used as a dataset's test set: the first present (as the official code; docs/paper.md#data)."""
 
 HUB_SOURCE = "RUC-NLPIR/FlashRAG_datasets"
 _SUFFIXES = (".parquet", ".jsonl", ".json")
@@ -194,7 +194,7 @@ def _write_parquet(rows: list[dict[str, Any]], path: Path) -> Path:
 
 def prepare(setting: str, out_dir: str | Path, source: str = HUB_SOURCE, cache_dir: str | None = None,
             progress: bool = True) -> dict[str, Path]:
-    """Build `<out_dir>/train.parquet` and `<out_dir>/test.parquet` for one setting (PAPER.md 4.1).
+    """Build `<out_dir>/train.parquet` and `<out_dir>/test.parquet` for one setting (paper App. A).
 
     setting: 'single-hop' (train NQ; test NQ, TriviaQA, PopQA) or 'multi-hop' (train HotpotQA;
         test HotpotQA, 2WikiMultiHopQA, Musique, Bamboogle). Each test set uses its `test`
@@ -219,7 +219,7 @@ def prepare(setting: str, out_dir: str | Path, source: str = HUB_SOURCE, cache_d
     return {role: _write_parquet(r, out / f"{role}.parquet") for role, r in rows.items()}
 
 
-# ---- the wiki-18 corpus (PAPER.md 4.3, 6.5) ----------------------------------------------------------
+# ---- the wiki-18 corpus (docs/paper.md#retriever) -----------------------------------------------------
 
 WIKI18_HUB = "PeterJinGo/wiki-18-corpus"
 """Search-R1's wiki-18 corpus (DPR's 2018 Wikipedia in 100-word passages, 21,015,324 rows) as wiki-18.jsonl.gz."""

@@ -140,7 +140,7 @@ class HFEngine:
     One `GrowingCache` holds every row. Rows are ragged: each forward feeds each row a block of
     its pending tokens (right-padded, padding masked out), with explicit position ids, so holes in
     the cache are harmless. A row always keeps >= 1 pending (uncached) token, so the cache never
-    covers every input id (the silent-wrong-logits trap of `generate`, NOTES.md).
+    covers every input id (a forward needs an uncached token to produce the next token's logits).
 
     prefix_reuse=True: a context shared by k rows is prefilled once and its cache rows repeated
     (`batch_select_indices` with repeated indices = copy + repeat-interleave), and with a

@@ -1,4 +1,4 @@
-"""The search environment: turns a generated step into a `Step` with its observation ids (PAPER.md 1.1, 4.3).
+"""The search environment: turns a generated step into a `Step` with its observation ids (paper §3.1).
 
 - a search gets `<information>` with the top-k documents (Search-R1 format), truncated to
   `max_obs_tokens` tokens;

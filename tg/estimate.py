@@ -194,7 +194,7 @@ class Workload:
     steps: int
     prompts_per_step: int
     chains_per_prompt: float
-    """Chain-equivalent rollout budget per prompt: M (1 + L N / 2) (PAPER.md 1.2)."""
+    """Chain-equivalent rollout budget per prompt: M (1 + L N / 2) (Eq. 4 with the factor M, docs/paper.md#budget)."""
     rows_per_prompt: int
     """Training rows (leaves) per prompt: M (1 + L N)."""
     frozen_passes: int
@@ -260,7 +260,7 @@ def workload(cfg: Config) -> Workload:
     o, t = cfg.optim, cfg.tree
     frozen = int(o.kl_beta > 0) + int(o.prompts_per_step // o.mini_batch_prompts > 1)
     e, d = cfg.eval, cfg.data
-    # prepared files hold one setting's test sets (sizes: PAPER.md 4.1); the synthetic world holds both
+    # prepared files hold one setting's test sets (sizes: paper App. A); the synthetic world holds both
     if d.source == "synthetic":
         n_eval = min(e.n_single or d.n_test_single, d.n_test_single) + min(e.n_multi or d.n_test_multi, d.n_test_multi)
     else:

@@ -1,4 +1,4 @@
-"""Evaluation: one greedy chain per question, pure EM (or F1) of the last answer (PAPER.md 4.6).
+"""Evaluation: one greedy chain per question, pure EM (or F1) of the last answer (docs/paper.md#evaluation).
 
 Results are rows in the shape of the paper's Table 1 (one column per data_source, plus averages)
 with provenance (preset, config hash, git sha, date, seed), appended to a CSV that figures read.

@@ -20,7 +20,7 @@ from tg.config import ModelConfig
 
 
 def torch_dtype(cfg: ModelConfig, device: torch.device) -> torch.dtype:
-    """float32 on CPU (bf16 is slower there, NOTES.md), bfloat16 on CUDA, unless set explicitly."""
+    """float32 on CPU (bf16 is slower there), bfloat16 on CUDA, unless set explicitly."""
     if cfg.dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return getattr(torch, cfg.dtype)

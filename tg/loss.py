@@ -5,7 +5,7 @@
 
 and the loss minimised is -J. H_i counts only the trajectory's *policy* tokens: `mask` [B, T] is 1
 on tokens the policy sampled and 0 on prompt, observation (`<information>...`) and padding tokens
-(PAPER.md 2.4); masked tokens stay in the forward context but get no loss.
+(docs/paper.md#objective); masked tokens stay in the forward context but get no loss.
 
 Alignment (token in, token out). `token_logprobs(logits, ids)` and `entropy_from_logits(logits)`
 take the causal LM's logits [B, T, V] computed on `ids` [B, T] (logits[:, t] predicts ids[:, t+1])
@@ -169,7 +169,7 @@ def grpo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, 
     if ref_logp is not None:  # also computed (for the stats) when kl_beta = 0
         kl_term = masked_aggregate(k3_kl(logp, ref_logp), mask, agg)
         total = total + kl_beta * kl_term
-    if entropy is not None:   # monitoring entropy matters even without a bonus (PAPER.md 6.9)
+    if entropy is not None:   # monitoring entropy matters even without a bonus (docs/paper.md#official-code)
         ent_term = masked_aggregate(entropy, mask, agg)
         total = total - entropy_coef * ent_term
     stats.update(pg_loss=float(pg.detach()), kl=float(kl_term.detach()), entropy=float(ent_term.detach()))

@@ -1,4 +1,4 @@
-"""The Search-R1 / Tree-GRPO agent protocol (PAPER.md 1.1, 4.4) and its typed records.
+"""The Search-R1 / Tree-GRPO agent protocol (paper §3.1, App. B.1) and its typed records.
 
 A *step* is one (think, action, observation) triple: the policy's sampled ids up to and including
 `</search>` or `</answer>` (or EOS / the per-step cap), then the observation ids the environment
@@ -20,7 +20,7 @@ PROMPT_TEMPLATE = (
     "knowledge needed, you can directly provide the answer inside <answer> and </answer>, without detailed "
     "illustrations. For example, <answer> Beijing </answer>. Question: {question}\n"
 )
-"""PAPER.md 4.4, identical to Search-R1 (typo 'as your want' included)."""
+"""App. B.1 of the paper, identical to Search-R1 (typo 'as your want' included)."""
 
 INVALID_ACTION = (
     "\nMy previous action is invalid. If I want to search, I should put the query between <search> and "

@@ -4,7 +4,7 @@ A corpus row is `{"id", "contents"}` with the title on the first line of `conten
 explicit `title` field. Every retriever returns, per query, the top-k documents as
 `{"id", "title", "contents"}` dicts, ready for `tg.protocol.format_observation`.
 
-Departures from the paper (PAPER.md 4.3):
+Departures from the paper (docs/paper.md#retriever):
 1. The paper retrieves with dense E5 embeddings and an exact FAISS index; the cpu preset uses BM25
    (`bm25s`, English stopwords, no stemming), which finds an entity's page from its name alone.
 """

@@ -1,11 +1,11 @@
-"""Outcome reward of a search episode: answer extraction, format check, EM / F1 (PAPER.md 2.6).
+"""Outcome reward of a search episode: answer extraction, format check, EM / F1 (Eq. 13, docs/paper.md#reward).
 
 Two training rewards and one evaluation score, all from the policy's own step texts:
 
 - `reward(..., mode="paper")`: Eq. 13 of arXiv 2509.21240 (App. B.1):
   r = score - lambda_f if the format is wrong, else score (lambda_f = `format_penalty`, 0.2).
 - `reward(..., mode="official")`: the official code's tiers (Search-R1's format reward):
-  1.0 / 0.8 / 0.2 / 0.1 / 0 for EM, F1 / F1 - 0.2 / 0.2 / 0 / 0 for F1 (PAPER.md 2.6 table).
+  1.0 / 0.8 / 0.2 / 0.1 / 0 for EM, F1 / F1 - 0.2 / 0.2 / 0 / 0 for F1 (docs/paper.md#official-code, item 7).
 - `answer_score(...)`: evaluation, pure EM or F1 of the last answer (format ignored).
 
 Every reward lies in [-format_penalty, 1] and nothing here raises on malformed text.
@@ -13,7 +13,7 @@ Every reward lies in [-format_penalty, 1] and nothing here raises on malformed t
 Departures from the official code, numbered:
 1. The format check runs over the policy's steps (a list of step texts), not over the decoded
    full sequence after the Qwen marker `<|im_start|>assistant`, so it works with any chat
-   template (the official check reports "invalid" for every Llama-3 response, PAPER.md 6.8.8).
+   template (the official check reports "invalid" for every Llama-3 response, docs/paper.md#official-code, item 8).
 2. `extract_answer` reads only the response, so one `<answer>` span suffices (the official code
    needs two because its text still contains the prompt's example `<answer> Beijing </answer>`).
 3. A nested `<answer> a <answer> b </answer>` yields "b" (the innermost span that closes last);
@@ -168,7 +168,7 @@ def is_valid_format(step_texts: Sequence[str]) -> bool:
 
 
 def answer_score(response_text: str, golden_answers: str | Sequence[str], metric: str = "em") -> float:
-    """Evaluation score: pure EM or F1 of the last answer, format ignored (PAPER.md 2.6, 4.6).
+    """Evaluation score: pure EM or F1 of the last answer, format ignored (docs/paper.md#evaluation).
 
     >>> answer_score("<think> x </think><answer> Paris </answer>", ["paris"])
     1.0
@@ -184,7 +184,7 @@ def _metric(metric: str) -> Callable[[str | None, str | Sequence[str]], float]:
 
 
 def _official(score: float, valid: bool, has_answer: bool, metric: str, penalty: float) -> float:
-    """The official code's tiers (PAPER.md 2.6 table), with structure_format_score = penalty."""
+    """The official code's tiers (docs/paper.md#official-code, item 7), with structure_format_score = penalty."""
     if score > 0:
         return score if valid else score - penalty
     if valid:

@@ -1,6 +1,6 @@
 """Search-R1's retrieval-server contract: a client (`HTTPRetriever`) and a standard-library server.
 
-The contract (Search-R1 `search_r1/search/retrieval_server.py`, PAPER.md 4.3, 6.5):
+The contract (Search-R1 `search_r1/search/retrieval_server.py`, docs/paper.md#retriever):
 
     POST /retrieve  {"queries": ["q1", ...], "topk": 3, "return_scores": true}
     200             {"result": [[{"document": {"id": "0", "contents": "\\"Title\\"\\ntext"}, "score": 0.83}, ...], ...]}

@@ -1,6 +1,6 @@
 """Proposition 3.1 of arXiv 2509.21240, checked exactly: intra-tree GRPO = step-level DPO x p(win).
 
-Assumptions of the derivation (PAPER.md 3, App. C), all built into the functions below:
+Assumptions of the derivation (paper §3.3, App. C; docs/paper.md#proposition-31), all built into the functions below:
 1. Binary outcome (Assumption 3.1): at the branching node (x, H_<t) the continuations fall into
    two classes, H^win_>=t with reward 1 and H^loss_>=t with reward 0. One sequence of steps
    stands for each class here.

@@ -1,5 +1,5 @@
 """Chain GRPO and Tree-GRPO training on one device: the one place that wires rollouts, rewards,
-advantages and the loss (PAPER.md 2, 4.5).
+advantages and the loss (paper §3.2, Table 5).
 
 One step:
 1. take the next `prompts_per_step` training questions (a seeded permutation per epoch);
@@ -11,7 +11,7 @@ One step:
    `mini_batch_prompts` questions, with gradient accumulation over `micro_batch_rows` rows, AdamW,
    linear warm-up then constant LR, grad-norm clip.
 
-Metrics (one JSONL row per step; the glossary is `METRICS`, also in the README).
+Metrics (one JSONL row per step; the glossary is `METRICS`, also in docs/cli.md).
 Deviations, numbered:
 1. With one mini-batch per step the old log-probs equal the current ones before the update, so
    they are taken from the update's own forward (detached): one forward saved, same numbers.

@@ -1,4 +1,4 @@
-"""Tree rollouts: initialize-then-expand sampling (Algorithm 1 of arXiv 2509.21240, PAPER.md 1.2-1.3).
+"""Tree rollouts: initialize-then-expand sampling (Algorithm 1 of arXiv 2509.21240).
 
 A tree node is one whole agent step (think, action, observation); the root holds the prompt.
 For each prompt: M independent chains seed M trees (initialisation); then L rounds, each picking N

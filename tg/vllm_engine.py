@@ -70,14 +70,14 @@ log = logging.getLogger(__name__)
 CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """Head sizes vLLM's CPU attention kernels support (0.32: CPUAttentionBackend.get_supported_head_sizes)."""
 SYNC_TOL = {"float32": 1e-3, "bfloat16": 0.25}
-"""Default `check_sync` tolerance by the engine's dtype. fp32 agrees to ~1e-6 on CPU (tests). bf16, measured on
-CPU only (vLLM's CPU kernels against transformers', both bf16; the warmed-up cpu policy with a LoRA r=16
-adapter, B ~ N(0, 0.02), 20 prompts of ~114 tokens, 2026-11-30): max |d logprob| 0.09-0.16 with LoRA, 0.17
-with QLoRA; tests/test_vllm_engine.py checks it. Not measured on a GPU (the one lent had no vLLM). The price:
-at 0.25 the check catches only gross mismatches: an adapter not served once it moves log-probs that far (that
-random adapter moves them by 1.8-2.7; an adapter a few small steps from zero much less), not a subtly
-different base like the unquantized one under a QLoRA adapter (0.0855 in fp32). scripts/gpu_smoke.sh prints
-the measured `sync_maxdiff`."""
+"""Default `check_sync` tolerance by the engine's dtype. fp32 agrees to ~1e-6 on CPU (tests). In bf16, vLLM's CPU
+kernels and transformers' round differently: on the warmed-up cpu policy with a random LoRA r=16 adapter
+(B ~ N(0, 0.02), 20 prompts of ~114 tokens) the largest |d logprob| is 0.09-0.16 with LoRA and 0.17 with QLoRA;
+tests/test_vllm_engine.py checks it. bf16 has not been measured on a GPU. The price: at 0.25 the check catches
+only gross mismatches, such as an adapter not served once it moves log-probs that far (that random adapter moves
+them by 1.8-2.7; an adapter a few small steps from zero much less), not a subtly different base like the
+unquantized one under a QLoRA adapter (0.0855 in fp32). scripts/gpu_smoke.sh prints the measured
+`sync_maxdiff`."""
 LORA_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """Qwen2 modules vLLM can serve LoRA on."""
 
