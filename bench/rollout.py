@@ -9,8 +9,7 @@ budget (HF rows) or the same configuration on the HF engine (vLLM rows).
     .venv-vllm/bin/python bench/rollout.py --vllm      # adds the vLLM engine, same work, same run
 
 The table's first line records the date, the machine (CPU, torch's ISA, cores, load average before and
-after), the policy (its warm-up directory and weights hash: another CPU's warm-up is another policy,
-README "Reproducing on another CPU"), the torch threads, the versions, the git commit and the exact command.
+after), the policy (its directory and weights hash, tg/policies), the torch threads, the versions, the git commit and the exact command.
 """
 
 from __future__ import annotations

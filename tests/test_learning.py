@@ -12,11 +12,9 @@ STEPS, MARGIN = 30, 5.0
 
 def test_chain_grpo_lifts_multi_hop_em_from_the_pinned_hard_start(cfg, tmp_path):
     """Chain GRPO (G=4), the cpu preset's settings cut to 30 steps, from the hard start: greedy EM on the 300
-    multi-hop test questions rises by more than 5 points. The hard start's weights are committed
-    (results/mini/policies), so every machine starts from the same bytes; the default (moderate) start is
-    rebuilt by each machine's warm-up and differs between CPUs (README, "Reproducing on another CPU").
-    Measured: 3.0 -> 11.67 on an AMD EPYC (2026-12-02), the committed `multi-hop/hard/chain` seed-0 row at
-    step 30 to the digit (results/mini/budget.csv; its five seeds reached 9.0-16.33). Not the training
+    multi-hop test questions rises by more than 5 points. The hard start's weights are pinned (tg/policies),
+    so every machine starts from the same bytes. Measured: 3.0 -> 11.67, the committed
+    `multi-hop/hard/chain` seed-0 row at step 30 to the digit (results/mini/budget.csv; its five seeds reached 9.0-16.33). Not the training
     reward: its means over 10 steps move by about 0.02 between windows from noise alone (0.075 -> 0.060
     over steps 1-10 -> 21-30 of this very run)."""
     hard = cfg.with_overrides(*mini.REGIMES["hard"], "data.setting=multi-hop").replace(

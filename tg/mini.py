@@ -1,4 +1,4 @@
-"""The paper's claims in miniature (issue 6): named experiment grids on the cpu preset.
+"""The paper's claims in miniature: named experiment grids on the cpu preset.
 
 An experiment is a list of cells (a name, config overrides, labels) run for several seeds; a
 training cell is evaluated at several steps. `run_experiment` appends one row per (cell, seed,
@@ -7,7 +7,7 @@ seed) and skips rows already there, so an interrupted grid resumes where it stop
 also resumes from the run's last checkpoint under `runs/mini/`). Workers are separate processes
 with one torch thread each; only the parent writes the CSV.
 
-The two starting regimes are declared here, before any result was seen (issue 6, protocol):
+The two starting regimes are declared here, before any result was seen (results/mini/README.md, protocol):
 - `moderate`: the default warm-up (multi-hop demonstrations 30%, half of them stopping one hop early);
 - `hard`: 95% of the multi-hop demonstrations stop one hop early, so the warmed-up policy rarely
   completes a multi-hop chain (criterion, checked before any RL run: greedy multi-hop EM <= 5% on the
@@ -96,7 +96,7 @@ def experiments() -> dict[str, list[Cell]]:
               for regime in REGIMES for m, n, l in LEDGER_SHAPES]
     theory = [Cell("toy-tree", "theory", seeds=tuple(range(20)))]
     # claims 3-5 (Tables 3, 4 and 7) from both starts: the hard start's cells were declared and run first
-    # (2026-11-30/12-01); the moderate start's were declared 2026-12-01 (session 12), before any of them ran.
+    # and the moderate start's were declared before any of them ran.
     # Cells whose configuration another grid ran (chain 4, (2,2,1), chain 8) are copied (`reuse_rows`).
     ablation, shapes, sweep = [], [], []
     for regime in ("hard", "moderate"):

@@ -2,7 +2,7 @@
 
 The paper starts RL from a pretrained Qwen2.5 that can already follow the prompt. A random toy
 model cannot, so the cpu preset first imitates scripted episodes of the synthetic world, built
-token-exactly as rollouts will see them (PAPER.md 1.1, 4.4):
+token-exactly as rollouts will see them (docs/paper.md#setting):
 
     prompt_ids(question)
     <think> I need the founder of Zanto. </think> <search> Zanto </search>        policy (mask 1)
@@ -23,15 +23,14 @@ of the renamed world (names are single tokens and BM25 scores are invariant to r
 survives from one step to the next, so the only way to lower the loss on a name is to copy it from
 the context: the warmed-up policy knows how to search and read, and knows none of the world's facts,
 as a pretrained model does not know the test questions' facts. Without renaming, a 1M-parameter model
-memorises the training facts and never learns to copy (held-out answer accuracy ~0 after 450 steps,
-measured 2026-11-29); with it, copying appears after 250-400 steps, or not within 700 (one of four
+memorises the training facts and never learns to copy (held-out answer accuracy ~0 after 450 steps); with it, copying appears after 250-400 steps, or not within 700 (one of four
 measured runs stalled). With `observation_loss` the loss also covers the documents, as pretraining on
 text would: each observation repeats its titles three times, ten times more copy events per episode
 than the policy's own tokens; in a probe, held-out answer accuracy reached 0.41 by step 250 (0.07
 without), and both measured default warm-ups crossed (loss drop at steps 350-450). RL still masks
 observations. The crossing is stochastic: greedy EM (150 single-hop / 300 multi-hop test questions) after
 warm-up seeds 0, 1, 2 (`warmup.seed`; it also seeds the model's initialisation) was 0.50 / 0.127,
-0.26 / 0.003 and 0.54 / 0.123 (measured 2026-11-30, one torch thread): seed 1 barely learned to
+0.26 / 0.003 and 0.54 / 0.123 (one torch thread): seed 1 barely learned to
 complete a multi-hop chain. The kit's default is seed 0; the seed is part of the cache key.
 
 Departures from the paper: the warm-up itself (the paper has none; its models are pretrained).
