@@ -31,7 +31,7 @@ def _tree() -> Tree:
 
 def test_doctests_pass() -> None:
     result = doctest.testmod(tg.budget)
-    assert result.attempted == 2 and result.failed == 0
+    assert result.attempted >= 2 and result.failed == 0
 
 
 def test_recount_counts_each_node_once() -> None:
