@@ -53,6 +53,8 @@ def test_ledgers_take_the_engine_prefill_per_question_and_split_the_time() -> No
     assert first == Ledger(2, 12, 9, 2, prefill_computed=40, prefill_saved=5, seconds=1.5)
     assert second == Ledger(4, 24, 18, 4, prefill_computed=70, prefill_saved=9, seconds=1.5)
     assert ledgers([], RolloutStats([], [], [], 0.0)) == []
+    (only,) = ledgers([[_tree()]], RolloutStats([40], [5], [12], 3.0))
+    assert only.seconds == 3.0                                  # one question takes the whole batch's time
 
 
 def test_ledger_total_and_per() -> None:

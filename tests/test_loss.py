@@ -191,7 +191,7 @@ def test_grpo_loss_adds_kl_and_entropy_and_reports_each_term():
 
 def test_defaults_are_the_paper_settings():
     """clip 0.2 both ways, no dual clip, seq-mean (Eq. 8), beta 0.001, no entropy bonus."""
-    logp, old, ref, adv, mask, ent = random_batch(7, spread=0.8)
+    logp, old, ref, adv, mask, ent = random_batch(0, spread=0.8)   # negative advantages too: a dual clip would act
     got, _ = grpo_loss(logp, old, adv, mask, ref_logp=ref, entropy=ent)
     want, _ = grpo_loss(logp, old, adv, mask, ref_logp=ref, entropy=ent, clip_low=0.2, clip_high=0.2, dual_clip=0.0,
                         agg="seq-mean", kl_beta=0.001, entropy_coef=0.0)
