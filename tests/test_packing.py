@@ -69,10 +69,25 @@ def test_pack_batch_pads_each_pack_and_offsets_its_rows():
     assert pack_batch(groups, width=3, pad_id=9).ids[1].tolist() == [5, 6, 9, 9]
 
 
+class _Recorder(torch.nn.Module):
+    """Wraps a model and records the device of every input it is called with."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.devices: dict[str, str] = {}
+
+    def forward(self, **inputs: torch.Tensor):
+        self.devices = {k: v.device.type for k, v in inputs.items()}
+        return self.model(**inputs)
+
+
 def test_packed_row_logits_runs_on_the_model_device():
-    """A model on the meta device (no memory, any machine) gets its inputs moved there."""
+    """A model on the meta device (no memory, any machine) gets every input moved there."""
     with torch.device("meta"):
-        model = Qwen2ForCausalLM(Qwen2Config(vocab_size=40, hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
-                                             num_key_value_heads=1, intermediate_size=128))
+        model = _Recorder(Qwen2ForCausalLM(Qwen2Config(vocab_size=40, hidden_size=64, num_hidden_layers=1,
+                                                       num_attention_heads=2, num_key_value_heads=1,
+                                                       intermediate_size=128)))
     out = packed_row_logits(model, pack_batch([[[1, 2, 3], [1, 2, 4]]], width=3))
+    assert model.devices == {"input_ids": "meta", "attention_mask": "meta", "position_ids": "meta"}
     assert out.device.type == "meta" and out.shape == (2, 3, 40)
