@@ -2,7 +2,7 @@
 
 A mutant counts as detected when a test failed on it (killed) or it ran past its time limit (an
 endless loop). The equivalent mutants that docs/testing.md lists, one reason each, leave the
-denominator. Exits 1 when the score is below 90%, or when a listed mutant is not a surviving one
+denominator. Exits 1 when a module's score is below 90%, or when a listed mutant is not a surviving one
 (the list went stale after a change to a module or a test), so the list and the run stay in step.
 
     python scripts/mutation_score.py          # after `mutmut run`, from the repository root
@@ -23,10 +23,10 @@ DOC = Path("docs/testing.md")
 KILLED, TIMEOUT, SURVIVED = {1, 3}, {24, -24, 36, 152, 255}, {0}
 
 
-def excluded_in_doc(doc: Path = DOC) -> dict[str, str]:
-    """Mutant name -> reason, from the doc's table rows "| `tg.module.x_function__mutmut_N` | ... | reason |"."""
-    rows = re.findall(r"^\| `(tg\.[^`]+)` \|.*\| (.+?) \|$", doc.read_text(encoding="utf-8"), flags=re.M)
-    return dict(rows)
+def excluded_in_doc(doc: Path = DOC) -> set[str]:
+    """The mutants listed under the doc's "Excluded mutants" heading, one "- `NAME`: change. reason" item each."""
+    section = doc.read_text(encoding="utf-8").split("### Excluded mutants", 1)[1].split("\n#", 1)[0]
+    return set(re.findall(r"^- `(tg\.[^`]+)`:", section, flags=re.M))
 
 
 def statuses(root: Path = Path("mutants")) -> dict[str, dict[str, int]]:
@@ -39,7 +39,7 @@ def main() -> int:
     excluded, by_module = excluded_in_doc(), statuses()
     print("| module | mutants | killed | timed out | excluded (equivalent) | surviving | score |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    total, surviving, stale = Counter(), [], []
+    total, surviving, stale, scores = Counter(), [], [], []
     for module, codes in by_module.items():
         c = Counter()
         for name, code in codes.items():
@@ -50,6 +50,7 @@ def main() -> int:
                 surviving.append(f"{name} (exit code {code})")
         stale += [n for n in excluded if n.startswith(f"tg.{module}.") and codes.get(n) not in SURVIVED]
         total.update(c)
+        scores.append(_score(c))
         _row(f"tg/{module}.py", c)
     _row("**all**", total)
     print("\nsurviving, not excluded:" if surviving else "\nno surviving mutant outside the exclusions")
@@ -57,7 +58,7 @@ def main() -> int:
         print(f"  {name}   (see: mutmut show NAME)")
     for name in stale:
         print(f"  stale exclusion in {DOC}: {name} is not a surviving mutant")
-    return 1 if stale or _score(total) < GOAL else 0
+    return 1 if stale or min(scores) < GOAL else 0
 
 
 def _score(c: Counter) -> float:

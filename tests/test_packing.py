@@ -45,7 +45,7 @@ def test_packed_logits_equal_per_row_logits(seed):
 
 def test_pack_rows_types_and_a_single_row():
     p = pack_rows([[4, 5, 6]])
-    assert (p.ids.dtype, p.pos.dtype, p.visible.dtype, p.where.dtype) == (torch.long, torch.long, torch.bool, torch.long)
+    assert (p.ids.dtype, p.pos.dtype, p.where.dtype, p.visible.dtype) == (torch.long,) * 3 + (torch.bool,)
     assert p.ids.tolist() == [4, 5, 6] and p.pos.tolist() == [0, 1, 2] and p.where.tolist() == [[0, 1, 2]]
     assert p.visible.tolist() == [[True, False, False], [True, True, False], [True, True, True]]  # causal
 
