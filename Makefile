@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints-cpu.txt | cksum | cut -d' ' -f1)
 export TG_PRESET ?= cpu
 
-.PHONY: install demo test test-vllm lab figures bench clean
+.PHONY: install demo test test-vllm lab figures bench mutation clean
 
 $(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -42,6 +42,13 @@ figures: install
 bench: install
 	$(BIN)/python bench/rollout.py
 	$(BIN)/python bench/train_step.py
+
+# Mutation testing of the algorithm's modules against their fast unit tests (docs/testing.md): about 10 minutes
+# of one core, so not part of `make test`. mutants/ is made afresh, so no verdict of an earlier run carries over.
+mutation: install
+	rm -rf mutants
+	OMP_NUM_THREADS=1 nice -n 15 $(BIN)/mutmut run --max-children 1
+	$(BIN)/python scripts/mutation_score.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .cache runs

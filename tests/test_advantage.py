@@ -193,3 +193,57 @@ def test_group_properties(rows):
         # monotone: a higher reward never gets a lower advantage within a group
         order = torch.argsort(r)
         assert bool((a[order].diff() >= -1e-12).all())
+
+
+def test_tree_grpo_passes_the_std_and_singleton_options_to_both_parts():
+    # population std: tree 0 -> (1/sqrt2, -sqrt2, 1/sqrt2) as above; inter: deviations +-1/2, std 1/2 -> +-1
+    r, tr, pr = t(REWARDS), t(TREES, torch.long), t(PROMPTS, torch.long)
+    parts = tree_grpo_parts(r, tr, pr, eps=0.0, unbiased=False)
+    h = 1 / math.sqrt(2)
+    torch.testing.assert_close(parts.intra, t([h, -2 * h, h, -h, -h, 2 * h]), rtol=0, atol=1e-12)
+    torch.testing.assert_close(parts.inter, t([1.0, -1.0, 1.0, -1.0, -1.0, 1.0]), rtol=0, atol=1e-12)
+    torch.testing.assert_close(tree_grpo(r, tr, pr, eps=0.0, unbiased=False), parts.total, rtol=0, atol=0)
+    # one leaf per tree and per prompt: "raw" keeps each reward (eps 0) in both parts, "zero" gives 0
+    r1, ids = t([0.3, 0.9]), t([0, 1], torch.long)
+    raw = tree_grpo_parts(r1, ids, ids, eps=0.0, singleton="raw")
+    torch.testing.assert_close((raw.intra, raw.inter), (r1, r1), rtol=0, atol=0)
+    torch.testing.assert_close(tree_grpo(r1, ids, ids, eps=0.0, singleton="raw"), 2 * r1, rtol=0, atol=0)
+    assert tree_grpo(r1, ids, ids).tolist() == [0.0, 0.0]
+
+
+def test_bad_arguments_name_what_is_wrong():
+    r, ids = t([1.0, 0.0, 1.0]), t([0, 0], torch.long)
+    with pytest.raises(ValueError, match=r"must both be \[G\], got \(3,\) and \(2,\)"):
+        group_relative(r, ids)                                     # both 1-D, different lengths
+    with pytest.raises(ValueError, match=r"got \(1, 3\) and \(1, 3\)"):
+        group_relative(r[None], t([[0, 0, 1]], torch.long))        # same shape, not 1-D
+    with pytest.raises(ValueError, match="singleton must be one of"):
+        group_relative(r, t([0, 0, 0], torch.long), singleton="one")
+    with pytest.raises(ValueError, match="mode must be one of"):
+        tree_grpo_parts(r, t([0, 0, 0], torch.long), t([0, 0, 0], torch.long), mode="tree")
+
+
+def test_node_advantages_sums_down_a_deep_chain_and_a_wide_root():
+    # a chain of five nodes: every node carries the single leaf's advantage
+    assert node_advantages([-1, 0, 1, 2, 3], {4: 0.25}) == [0.25] * 5
+    # a root with four leaf children: the root gets their sum
+    assert node_advantages([-1, 0, 0, 0, 0], t([1.0, -2.0, 0.5, 0.25])) == [-0.25, 1.0, -2.0, 0.5, 0.25]
+
+
+@pytest.mark.parametrize("parents, message", [
+    ([-1, -2], "one root"),                    # -2 is no node and not the root marker
+    ([-1, 2], "one root"),                     # index == n: out of range
+    ([-1, 0, 1, 1, -1], "one root"),           # two roots
+    ([-1, 1], "one root"),                     # its own parent
+    ([-1, 2, 1], "cycle through node 1"),      # 1 -> 2 -> 1 never reaches the root
+])
+def test_node_advantages_rejects_what_is_not_one_tree(parents, message):
+    with pytest.raises(ValueError, match=message):
+        node_advantages(parents, {})
+
+
+def test_node_advantages_names_a_leaf_mismatch():
+    with pytest.raises(ValueError, match=r"tensor must be \[n_leaves\] = \[2\]"):
+        node_advantages([-1, 0, 0], t([1.0, 2.0, 3.0]))
+    with pytest.raises(ValueError, match=r"keys \[1\] are not the leaves \[1, 2\]"):
+        node_advantages([-1, 0, 0], {1: 1.0})

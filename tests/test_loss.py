@@ -152,3 +152,92 @@ def test_bfloat16_logits_are_upcast():
     ids = torch.randint(7, (1, 4))
     assert token_logprobs(logits, ids).dtype == torch.float32
     assert entropy_from_logits(logits).dtype == torch.float32
+
+
+def _two_tokens():
+    """One row, three tokens, the first masked (a prompt token with a ratio that would count if unmasked).
+    A = -1. Token 1: r = 2, loss max(2, 1.2) = 2, above c = 1.5 -> dual-clipped to 1.5.
+    Token 2: r = 1/4, loss max(0.25, 0.8) = 0.8 (the clipped branch). seq-mean loss (1.5 + 0.8) / 2 = 1.15."""
+    old = torch.tensor([[-1.0, -2.0, -1.0]], dtype=F64)
+    logp = old + torch.tensor([[5.0, math.log(2.0), math.log(0.25)]], dtype=F64)
+    return logp, old, torch.tensor([-1.0], dtype=F64), torch.tensor([[0, 1, 1]])
+
+
+def test_policy_loss_stats_by_hand():
+    logp, old, adv, mask = _two_tokens()
+    loss, stats = policy_loss(logp, old, adv, mask, dual_clip=1.5)
+    assert loss.item() == pytest.approx(1.15, abs=1e-12)
+    assert stats == pytest.approx({"clip_frac": 0.5, "dual_clip_frac": 0.5,
+                                   "approx_kl": -(math.log(2.0) + math.log(0.25)) / 2,  # = ln2 / 2
+                                   "ratio_mean": (2.0 + 0.25) / 2}, abs=1e-12)
+
+
+def test_grpo_loss_adds_kl_and_entropy_and_reports_each_term():
+    logp, old, adv, mask = _two_tokens()
+    ref = logp + torch.tensor([[3.0, 0.0, math.log(2.0)]], dtype=F64)     # K3 on tokens 1, 2: 0 and 1 - ln2
+    entropy = torch.tensor([[9.0, 1.0, 2.0]], dtype=F64)
+    kl = (1.0 - math.log(2.0)) / 2
+    total, stats = grpo_loss(logp, old, adv, mask, ref_logp=ref, entropy=entropy, dual_clip=1.5, kl_beta=0.5,
+                             entropy_coef=0.1)
+    assert total.item() == pytest.approx(1.15 + 0.5 * kl - 0.1 * 1.5, abs=1e-12)
+    assert (stats["pg_loss"], stats["kl"], stats["entropy"]) == pytest.approx((1.15, kl, 1.5), abs=1e-12)
+    # with zero coefficients the terms are still reported, but do not enter the loss
+    total, stats = grpo_loss(logp, old, adv, mask, ref_logp=ref, entropy=entropy, dual_clip=1.5, kl_beta=0.0)
+    assert total.item() == pytest.approx(1.15) and stats["kl"] == pytest.approx(kl) and stats["entropy"] == 1.5
+    # clip_low reaches the policy term: token 2 becomes max(0.25, 0.5) = 0.5
+    total, _ = grpo_loss(logp, old, adv, mask, clip_low=0.5, dual_clip=1.5, kl_beta=0.0)
+    assert total.item() == pytest.approx((1.5 + 0.5) / 2)
+
+
+def test_defaults_are_the_paper_settings():
+    """clip 0.2 both ways, no dual clip, seq-mean (Eq. 8), beta 0.001, no entropy bonus."""
+    logp, old, ref, adv, mask, ent = random_batch(0, spread=0.8)   # negative advantages too: a dual clip would act
+    got, _ = grpo_loss(logp, old, adv, mask, ref_logp=ref, entropy=ent)
+    want, _ = grpo_loss(logp, old, adv, mask, ref_logp=ref, entropy=ent, clip_low=0.2, clip_high=0.2, dual_clip=0.0,
+                        agg="seq-mean", kl_beta=0.001, entropy_coef=0.0)
+    assert got.item() == want.item()
+    assert policy_loss(logp, old, adv, mask)[0].item() == policy_loss(logp, old, adv, mask, clip_low=0.2,
+                                                                      clip_high=0.2, agg="seq-mean")[0].item()
+    x = torch.tensor([[1.0, 1.0, 1.0, 1.0], [4.0, 0.0, 0.0, 0.0]], dtype=F64)
+    m = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0]])
+    assert masked_aggregate(x, m).item() == masked_aggregate(x, m, "seq-mean").item()
+
+
+def test_kl_beta_zero_needs_no_reference_and_errors_say_what_is_missing():
+    logp, old, _, adv, mask, _ = random_batch(6)
+    _, stats = grpo_loss(logp, old, adv, mask, kl_beta=0.0)
+    assert stats["kl"] == 0.0 and stats["entropy"] == 0.0
+    with pytest.raises(ValueError, match=r"^kl_beta > 0 needs ref_logp$"):
+        grpo_loss(logp, old, adv, mask, kl_beta=0.001)
+    with pytest.raises(ValueError, match=r"^entropy_coef > 0 needs entropy$"):
+        grpo_loss(logp, old, adv, mask, kl_beta=0.0, entropy_coef=0.001)
+    with pytest.raises(ValueError, match="agg must be one of"):
+        masked_aggregate(logp, mask, "sum")
+
+
+def test_token_mean_of_a_single_policy_token_is_its_value():
+    x = torch.tensor([[0.0, 3.0, 9.0]], dtype=F64)
+    assert masked_aggregate(x, torch.tensor([[0, 1, 0]]), "token-mean").item() == 3.0
+    assert masked_aggregate(x, torch.tensor([[0, 0, 0]]), "token-mean").item() == 0.0
+
+
+def test_results_keep_the_log_prob_dtype():
+    """float64 advantages or masks do not upcast a float32 loss."""
+    logp, old, _, adv, mask, _ = random_batch(8)
+    loss, _ = policy_loss(logp.float(), old.float(), adv, mask)
+    assert loss.dtype == torch.float32
+    assert masked_aggregate(logp.float(), mask.to(F64)).dtype == torch.float32
+
+
+def test_log_ratio_clamp_bounds_the_loss_and_the_kl_stat():
+    """Deviation 5: log-ratios are clamped to [-20, 20] before exp, for the loss and for approx_kl."""
+    old, mask = torch.zeros(1, 1, dtype=F64), torch.ones(1, 1)
+    loss, _ = policy_loss(torch.full((1, 1), 30.0, dtype=F64), old, torch.tensor([-1.0], dtype=F64), mask)
+    assert loss.item() == pytest.approx(math.exp(20.0))
+    _, stats = policy_loss(torch.full((1, 1), -100.0, dtype=F64), old, torch.tensor([1.0], dtype=F64), mask)
+    assert stats["approx_kl"] == 20.0 and stats["ratio_mean"] == pytest.approx(math.exp(-20.0))
+
+
+def test_k3_kl_is_capped_when_the_policy_gives_a_sampled_token_probability_zero():
+    out = k3_kl(torch.tensor([[-math.inf, 0.0]], dtype=F64), torch.tensor([[0.0, -math.inf]], dtype=F64))
+    assert out.tolist() == [[10.0, 10.0]]

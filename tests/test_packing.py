@@ -41,3 +41,53 @@ def test_packed_logits_equal_per_row_logits(seed):
             alone = model(input_ids=torch.tensor([row])).logits[0]
             assert packed[k, :len(row)] == pytest.approx(alone, abs=1e-5)
     assert sum(len(pack_rows(g).ids) for g in groups) < sum(len(r) for g in groups for r in g)
+
+
+def test_pack_rows_types_and_a_single_row():
+    p = pack_rows([[4, 5, 6]])
+    assert (p.ids.dtype, p.pos.dtype, p.where.dtype, p.visible.dtype) == (torch.long,) * 3 + (torch.bool,)
+    assert p.ids.tolist() == [4, 5, 6] and p.pos.tolist() == [0, 1, 2] and p.where.tolist() == [[0, 1, 2]]
+    assert p.visible.tolist() == [[True, False, False], [True, True, False], [True, True, True]]  # causal
+
+
+def test_pack_rows_keys_tokens_by_their_prefix_not_their_value():
+    # the same token 7 after different prefixes is two positions; the same prefix twice is one
+    p = pack_rows([[1, 7], [2, 7], [1, 7]])
+    assert p.ids.tolist() == [1, 7, 2, 7] and p.pos.tolist() == [0, 1, 0, 1]
+    assert p.where.tolist() == [[0, 1], [2, 3], [0, 1]]
+    assert p.visible[3].tolist() == [False, False, True, True]
+
+
+def test_pack_batch_pads_each_pack_and_offsets_its_rows():
+    groups = [[[1, 2, 3], [1, 2, 4]], [[5, 6]]]                     # packs of 4 and 2 positions
+    b = pack_batch(groups, width=3)
+    assert (b.ids.dtype, b.pos.dtype, b.visible.dtype) == (torch.long, torch.long, torch.bool)
+    assert b.ids.tolist() == [[1, 2, 3, 4], [5, 6, 0, 0]] and b.pos.tolist() == [[0, 1, 2, 2], [0, 1, 0, 0]]
+    assert b.visible[1].tolist() == [[True, False, False, False], [True, True, False, False],
+                                     [False, False, True, False], [False, False, False, True]]  # padding: itself
+    assert b.where.tolist() == [[0, 1, 2], [0, 1, 3], [4, 5, 4]]   # second pack starts at 1 * P = 4
+    assert pack_batch(groups, width=3, pad_id=9).ids[1].tolist() == [5, 6, 9, 9]
+
+
+class _Recorder(torch.nn.Module):
+    """Wraps a model and records the device of every input it is called with."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.devices: dict[str, str] = {}
+
+    def forward(self, **inputs: torch.Tensor):
+        self.devices = {k: v.device.type for k, v in inputs.items()}
+        return self.model(**inputs)
+
+
+def test_packed_row_logits_runs_on_the_model_device():
+    """A model on the meta device (no memory, any machine) gets every input moved there."""
+    with torch.device("meta"):
+        model = _Recorder(Qwen2ForCausalLM(Qwen2Config(vocab_size=40, hidden_size=64, num_hidden_layers=1,
+                                                       num_attention_heads=2, num_key_value_heads=1,
+                                                       intermediate_size=128)))
+    out = packed_row_logits(model, pack_batch([[[1, 2, 3], [1, 2, 4]]], width=3))
+    assert model.devices == {"input_ids": "meta", "attention_mask": "meta", "position_ids": "meta"}
+    assert out.device.type == "meta" and out.shape == (2, 3, 40)

@@ -154,3 +154,34 @@ def test_well_formed_episodes_are_valid_and_score_pure_em(thoughts: list[str], q
     assert is_valid_format(steps)
     assert extract_answer("".join(steps)) == answer.strip()
     assert reward(steps, [answer]) == 1.0 and reward(steps, [answer], mode="official") == 1.0
+
+
+@pytest.mark.parametrize("text, kind", [
+    (SEARCH, "search"),
+    (SEARCH + OBS, "search"),
+    (ANSWER, "answer"),
+    ("<think> a </think>", "invalid"),                          # stops before an action
+    ("<think> a </think><search> q </search><information>", "invalid"),  # observation left open
+    ("plain text", "invalid"),
+    (ANSWER + "<think>", "invalid"),                             # a tag after the answer closed
+    (SEARCH + OBS + "<answer> x </answer>", "invalid"),          # a tag after the observation closed
+])
+def test_each_step_is_classified_search_answer_or_invalid(text: str, kind: str) -> None:
+    assert tg.reward._step_kind(text) == kind
+
+
+def test_a_tag_after_a_final_state_is_invalid_not_an_error() -> None:
+    assert not is_valid_format([ANSWER + "<answer> again </answer>"])
+    assert not is_valid_format([SEARCH + OBS + "</information>", ANSWER])
+
+
+def test_the_answer_is_read_from_the_steps_joined_as_they_were_generated() -> None:
+    # a span cut across two steps (invalid format) still scores its answer, less the penalty
+    assert reward(["<think> a </think><answer> Kal", "den </answer>"], ["Kalden"]) == pytest.approx(0.8)
+
+
+def test_format_penalty_bounds_are_inclusive() -> None:
+    assert reward(["no tags"], ["x"], format_penalty=1.0) == -1.0
+    assert reward(["no tags"], ["x"], format_penalty=0.0) == 0.0
+    with pytest.raises(ValueError, match="format_penalty"):
+        reward(["no tags"], ["x"], format_penalty=-0.1)

@@ -5,12 +5,15 @@ import random
 import pytest
 import torch
 
+import tg.tree
 from tg.budget import Ledger, chain_equivalent_budget, ledgers, matched_chain_group, measured_equivalent, recount
-from tg.engine import HFEngine, Sampling
+from tg.engine import HFEngine, PrefillStats, Sampling
+from tg.kvcache import PrefixStore
 from tg.loss import token_logprobs
-from tg.protocol import prompt_ids
+from tg.protocol import Action, Step, prompt_ids
 from tg.policy import load_policy
-from tg.tree import Tree, choose_nodes, expansion_candidates, sample_trees
+from tg.rollout import Episode, Start
+from tg.tree import Node, Tree, choose_nodes, expansion_candidates, sample_trees
 from tg.warmup import warmed_up_policy
 
 
@@ -117,3 +120,139 @@ def test_tree_221_buys_six_trajectories_for_about_four_chains(cfg, make_env, tra
     assert [x.trajectories for x in ledgers(tree, st_tree)] == [6] * len(qs)
     assert chain_equivalent_budget(2, 2, 1) == 4
     assert 2.5 < sum(per_q) / len(per_q) < 4.5, per_q
+
+
+# Unit tests without a policy: hand-built trees, and `sample_trees` driven by a scripted step loop.
+
+def _step(gen: list[int], end: bool) -> Step:
+    """A search step (gen ids, then one observation id) or, with `end`, a final answer step."""
+    return Step(list(gen), [] if end else [90], Action("answer" if end else "search", "x"), end)
+
+
+def test_a_fresh_tree_is_its_root():
+    tree = Tree(3, [1, 2])
+    assert tree.nodes == [Node(0, -1, None, 0)] and tree.parents() == [-1]
+    assert tree.leaves() == [] and tree.path(0) == [] and tree.context(0) == [1, 2]
+    assert not tree.nodes[0].is_leaf
+
+
+def test_add_path_links_depths_contexts_and_trajectories():
+    tree = Tree(0, [1, 2])
+    s1, s2, s3, s4 = _step([10], False), _step([11, 12], False), _step([13], True), _step([20], True)
+    assert tree.add_path(0, [s1, s2, s3]) == 3
+    assert tree.add_path(1, [s4]) == 4                      # a branch under node 1
+    assert tree.parents() == [-1, 0, 1, 2, 1]
+    assert [n.depth for n in tree.nodes] == [0, 1, 2, 3, 2]
+    assert [n.children for n in tree.nodes] == [[1], [2, 4], [3], [], []]
+    assert tree.leaves() == [3, 4]
+    assert tree.path(3) == [s1, s2, s3] and tree.path(4) == [s1, s4]
+    assert tree.context(2) == [1, 2, 10, 90, 11, 12, 90]    # prompt, then each step's generated + observation ids
+    assert tree.context(4) == [1, 2, 10, 90, 20]
+    tree.rewards[4] = 0.5
+    assert tree.trajectory(4).ids == [1, 2, 10, 90, 20] and tree.trajectory(4).reward == 0.5
+    assert tree.trajectory(3).steps == [s1, s2, s3] and tree.trajectory(3).reward == 0.0  # unscored: 0
+
+
+def test_expansion_falls_back_to_the_root_when_the_seed_chain_answered_at_once():
+    tree = Tree(0, [1])
+    tree.add_path(0, [_step([5], True)])
+    assert expansion_candidates(tree, "paper") == [0] and expansion_candidates(tree, "official") == [0]
+    assert choose_nodes(tree, 3, "paper", random.Random(0)) == [0, 0, 0]
+
+
+def test_choose_nodes_returns_n_picks_with_replacement_when_candidates_run_short():
+    tree = Tree(0, [1])
+    tree.add_path(0, [_step([5], False), _step([6], True)])          # one inner node: 1
+    for seed in range(5):
+        assert choose_nodes(tree, 3, "paper", random.Random(seed)) == [1, 1, 1]
+        official = choose_nodes(tree, 4, "official", random.Random(seed))
+        assert len(official) == 4 and set(official) <= {0, 1}
+
+
+class _ScriptedLoop:
+    """Stands in for `tg.rollout.run_episodes`: a row started after `turns` steps takes the remaining
+    3 - turns steps (searches, then an answer), each with 2 fresh generated ids and, unless final, 1
+    observation id. Engine accounting per row: computed = its context length, saved = 1, generated =
+    its generated ids. Records each call's arguments, and the store's `keep` flag at call time."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+        self.next_id = 100
+
+    def __call__(self, engine, env, starts, sampling, *, max_step_tokens, max_context_tokens, prefixes=None):
+        self.calls.append(dict(engine=engine, env=env, starts=list(starts), sampling=sampling, prefixes=prefixes,
+                               keep=None if prefixes is None else prefixes.keep,
+                               caps=(max_step_tokens, max_context_tokens)))
+        episodes = []
+        for i, start in enumerate(starts):
+            for _ in range(start.count):
+                steps = [_step([self.next_id + 2 * k, self.next_id + 2 * k + 1], k == 2) for k in range(start.turns, 3)]
+                self.next_id += 10
+                gen = sum(len(s.gen_ids) for s in steps)
+                episodes.append(Episode(i, steps, PrefillStats(len(start.context), 1, gen)))
+        return episodes
+
+
+def _sample(monkeypatch, prompts, M, N, L, rng=None, **kw):
+    loop = _ScriptedLoop()
+    monkeypatch.setattr(tg.tree, "run_episodes", loop)
+    trees, stats = sample_trees("engine", "env", prompts, M=M, N=N, L=L, sampling="sampling",
+                                rng=rng or random.Random(0), **kw)
+    return trees, stats, loop
+
+
+def test_sample_trees_221_by_hand(monkeypatch):
+    """(2,2,1) with three-step seed chains: the paper rule has exactly two inner nodes to pick, so each
+    tree gains a two-step branch at node 1 and a one-step branch at node 2: 7 nodes, 3 leaves."""
+    prompts = [[1, 2, 3, 4], [5, 6, 7, 8, 9]]
+    trees, stats, loop = _sample(monkeypatch, prompts, 2, 2, 1, max_step_tokens=7, max_context_tokens=99)
+    assert [[(t.question, t.prompt_ids) for t in ts] for ts in trees] == [[(0, prompts[0])] * 2, [(1, prompts[1])] * 2]
+    init, expand = loop.calls
+    assert init["starts"] == [Start(prompts[0], 2), Start(prompts[1], 2)]
+    for call in loop.calls:
+        assert (call["engine"], call["env"], call["sampling"], call["caps"]) == ("engine", "env", "sampling", (7, 99))
+        assert isinstance(call["prefixes"], PrefixStore) and call["prefixes"] is init["prefixes"]
+    assert expand["keep"] is False                       # the last round's rows are not kept
+    flat = [t for ts in trees for t in ts]
+    assert expand["starts"] == [Start(t.context(n), 1, n) for t in flat for n in (1, 2)]
+    for tree in flat:
+        assert tree.parents() == [-1, 0, 1, 2, 1, 4, 2]
+        assert tree.leaves() == [3, 5, 6] and [len(tree.path(x)) for x in tree.leaves()] == [3, 3, 3]
+    # per question: computed = 2 prompts + contexts of nodes 1 and 2 in both trees; 6 rows; 2 ids a step
+    assert stats.prefill_computed == [2 * 4 + 2 * (7 + 10), 2 * 5 + 2 * (8 + 11)]
+    assert stats.prefill_saved == [6, 6] and stats.generated == [24, 24]
+    assert stats.generated == [recount(ts).generated for ts in trees]
+    assert 0.0 <= stats.seconds < 60.0
+
+
+def test_sample_trees_chains_use_one_call_and_no_prefix_store(monkeypatch):
+    trees, stats, loop = _sample(monkeypatch, [[1, 2]], 3, 0, 0)
+    assert len(loop.calls) == 1 and loop.calls[0]["prefixes"] is None
+    assert loop.calls[0]["caps"] == (500, 4096)          # the default caps: 500 tokens a step, 4096 in all
+    assert [len(t.leaves()) for t in trees[0]] == [1, 1, 1] and stats.prefill_saved == [3]
+
+
+def test_sample_trees_keeps_rows_for_every_round_but_the_last(monkeypatch):
+    trees, _, loop = _sample(monkeypatch, [[1, 2]], 1, 1, 3)
+    assert [c["keep"] for c in loop.calls] == [True, True, True, False]
+    assert len(trees[0][0].leaves()) == 1 + 3 * 1
+
+
+class _Picks(random.Random):
+    """An rng whose `choices` returns a fixed list of picks (the official rule draws with choices)."""
+
+    def __init__(self, picks: list[int]) -> None:
+        super().__init__(0)
+        self.picks = picks
+
+    def choices(self, population, weights=None, *, cum_weights=None, k=1):
+        assert len(self.picks) == k and set(self.picks) <= set(population)
+        return list(self.picks)
+
+
+def test_a_node_picked_k_times_is_one_start_with_count_k(monkeypatch):
+    trees, _, loop = _sample(monkeypatch, [[1, 2]], 1, 4, 1, rng=_Picks([2, 0, 2, 2]), node_rule="official")
+    tree = trees[0][0]
+    assert loop.calls[1]["starts"] == [Start([1, 2], 1, 0), Start(tree.context(2), 3, 2)]
+    assert len(tree.nodes[0].children) == 2 and len(tree.nodes[2].children) == 4
+    assert len(tree.leaves()) == 5
