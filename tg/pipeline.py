@@ -81,12 +81,14 @@ def warmup_config(cfg: Config) -> Config:
 
     The warm-up trains the whole float32 base model on both question kinds, so how RL later fine-tunes it
     (full / LoRA / QLoRA), the dtype it is loaded in and the setting it trains on key no separate warm-up
-    (a bf16 QLoRA smoke run on a GPU reuses the CPU machine's cache)."""
-    d = ModelConfig()
+    (a bf16 QLoRA smoke run on a GPU reuses the CPU machine's cache). Its demonstrations always search the
+    world's corpus with in-process BM25, so where RL retrieves (`data.retriever`, `data.retriever_url`) keys
+    none either; `data.top_k` does (the demonstrations show that many documents)."""
+    d, data = ModelConfig(), DataConfig()
     return cfg.replace(model=dict(finetune=d.finetune, dtype=d.dtype, lora_r=d.lora_r, lora_alpha=d.lora_alpha,
                                   lora_dropout=d.lora_dropout, lora_targets=d.lora_targets,
                                   gradient_checkpointing=d.gradient_checkpointing),
-                       data=dict(setting=DataConfig().setting))
+                       data=dict(setting=data.setting, retriever=data.retriever, retriever_url=data.retriever_url))
 
 
 def _policy_path(cfg: Config) -> str:
