@@ -79,8 +79,11 @@ def test_a_changed_corpus_rebuilds_its_cached_index(tmp_path: Path) -> None:
     _later(corpus)                                                      # touched, not changed: the index stays
     assert [d["title"] for d in bm25_for(corpus).docs] == ["Borv", "Kalden", "Narmo"]
     assert (tmp_path / "bm25" / "docs.jsonl").stat().st_ino == inode
-    (tmp_path / "bm25" / "corpus.json").unlink()                        # an index that records no corpus
-    _corpus(corpus, ["Borv"])
+    (tmp_path / "bm25" / "corpus.json").unlink()        # an index that records no corpus (an earlier tg's) ...
+    bm25_for(corpus)                                    # ... is kept if its documents are the corpus's
+    assert (tmp_path / "bm25" / "docs.jsonl").stat().st_ino == inode and (tmp_path / "bm25" / "corpus.json").exists()
+    (tmp_path / "bm25" / "corpus.json").unlink()
+    _corpus(corpus, ["Borv"])                           # ... and rebuilt if not
     assert [d["title"] for d in bm25_for(corpus).docs] == ["Borv"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bm25", "corpus.jsonl"]  # no temporary left
 

@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import shutil
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
@@ -138,12 +139,39 @@ def _source(corpus: Path) -> dict[str, Any]:
     return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": file_sha256(corpus)}
 
 
+def _write_source(directory: Path, source: dict[str, Any]) -> None:
+    tmp = directory / f"{SOURCE_FILE}.tmp-{np.random.randint(1 << 30)}"
+    tmp.write_text(json.dumps(source))
+    tmp.replace(directory / SOURCE_FILE)
+
+
+def _same_documents(corpus: Path, docs: Path) -> bool:
+    """Whether an index's saved documents are the corpus's rows in order (streamed, for a large corpus)."""
+    try:
+        rows = zip_longest(json_lines(corpus), json_lines(docs))
+        return all(a is not None and b is not None and _corpus_row(a[1], a[0]) == _corpus_row(b[1], b[0])
+                   for a, b in rows)
+    except DataError:
+        return False
+
+
+def _adopt_unrecorded(corpus: Path, directory: Path) -> bool:
+    """An index built by an earlier `tg`, which recorded no corpus, counts (and is recorded now) if its saved
+    documents are the corpus's rows: a stream through both is far cheaper than rebuilding a large index."""
+    if not (directory / "docs.jsonl").is_file() or not _same_documents(corpus, directory / "docs.jsonl"):
+        return False
+    _write_source(directory, _source(corpus))
+    return True
+
+
 def _index_matches(corpus: Path, directory: Path) -> bool:
     """Whether the index in `directory` was built from `corpus` as it is now: same size and mtime, or, the
     mtime alone having changed, the same sha256 (then the record takes the new mtime)."""
+    if not (directory / SOURCE_FILE).exists():
+        return _adopt_unrecorded(corpus, directory)
     try:
         recorded = json.loads((directory / SOURCE_FILE).read_text())
-    except (OSError, ValueError):  # no index, or one built before its corpus was recorded
+    except (OSError, ValueError):
         return False
     stat = corpus.stat()
     if not isinstance(recorded, dict) or recorded.get("size") != stat.st_size:
@@ -152,7 +180,7 @@ def _index_matches(corpus: Path, directory: Path) -> bool:
         return True
     if recorded.get("sha256") != file_sha256(corpus):
         return False
-    (directory / SOURCE_FILE).write_text(json.dumps({**recorded, "mtime_ns": stat.st_mtime_ns}))
+    _write_source(directory, {**recorded, "mtime_ns": stat.st_mtime_ns})
     return True
 
 
@@ -171,7 +199,7 @@ def bm25_for(corpus_path: str | Path) -> BM25Retriever:
     retriever = BM25Retriever.build(corpus)
     tmp = directory.with_name(f"bm25.tmp-{np.random.randint(1 << 30)}")
     retriever.save(tmp)
-    (tmp / SOURCE_FILE).write_text(json.dumps(source))
+    _write_source(tmp, source)
     _install(tmp, directory, corpus)
     return retriever
 
