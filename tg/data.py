@@ -98,9 +98,14 @@ def _golds(row: dict[str, Any]) -> Any:
     return _nested(row, "reward_model", "ground_truth", "target")
 
 
+def shown_keys(row: dict[str, Any]) -> str:
+    """A row's keys for a one-line message: sorted, escaped as Python writes them ('a\\nb'), or 'none'."""
+    return ", ".join(repr(k)[1:-1] for k in sorted(row)) or "none"
+
+
 def _missing(where: str, column: str, row: dict[str, Any]) -> DataError:
     return DataError(
-        f"{where}: missing column {column!r} (found: {', '.join(sorted(row)) or 'none'}). tg reads the "
+        f"{where}: missing column {column!r} (found: {shown_keys(row)}). tg reads the "
         "Search-R1/FlashRAG schema: `question` (str), `golden_answers` (list of str), `data_source` (str). "
         f"Rename the column, or rebuild the file with {_PREPARE_HINT}.")
 

@@ -22,7 +22,7 @@ from typing import Any, Protocol, Sequence
 import bm25s
 import numpy as np
 
-from tg.data import DataError, json_lines
+from tg.data import DataError, json_lines, shown_keys
 
 log = logging.getLogger(__name__)
 _CORPUS_HINT = 'each line must be one JSON object with a string id and contents: {"id": "0", "contents": "..."}'
@@ -47,7 +47,7 @@ def _corpus_row(row: Any, where: str) -> dict:
         raise DataError(f"{where}: the line is {type(row).__name__}, not a JSON object; {_CORPUS_HINT}")
     for key in ("id", "contents"):
         if key not in row:
-            raise DataError(f"{where}: no `{key}` (found: {', '.join(sorted(row)) or 'none'}); {_CORPUS_HINT}")
+            raise DataError(f"{where}: no `{key}` (found: {shown_keys(row)}); {_CORPUS_HINT}")
     ok = isinstance(row["id"], (str, int)) and not isinstance(row["id"], bool) and isinstance(row["contents"], str)
     if not ok or not isinstance(row.get("title", ""), str):
         raise DataError(f"{where}: `id` must be a string or an integer, `contents` (and `title`, if given) strings; "
