@@ -94,3 +94,46 @@ def test_an_added_field_at_its_default_keeps_every_committed_hash():
         assert mini.cell_config(cells[r["cell"]], int(r["seed"])).hash() == r["config_hash"]
     c = load_config("cpu")
     assert c.replace(optim=dict(pack_trees=True)).hash() != c.hash()
+
+
+@pytest.mark.parametrize("override, shown, allowed", [
+    ("optim.lr=abc", "'abc'", "a finite number"), ("tree.M=four", "'four'", "an integer"),
+    ("optim.steps=1.5", "1.5", "an integer"), ("tree.M=2.7", "2.7", "an integer"),
+    ("data.top_k=true", "True", "an integer"), ("optim.lr=Infinity", "inf", "a finite number"),
+    ("warmup.enabled=yes", "'yes'", "true or false"), ("optim.lr=[1]", "[1]", "a finite number"),
+])
+def test_a_value_of_the_wrong_type_names_field_value_and_type(override, shown, allowed):
+    field = override.split("=")[0]
+    with pytest.raises(ConfigError) as err:
+        load_config("cpu", override)
+    assert str(err.value) == f"config field `{field}` = {shown} is invalid: allowed {allowed}"
+
+
+def test_values_are_read_by_their_fields_type():
+    c = load_config("cpu", "optim.lr=1", "model.name_or_path=123", 'data.data_dir="d"', "warmup.enabled=false")
+    assert c.optim.lr == 1 and c.model.name_or_path == "123" and c.data.data_dir == "d" and c.warmup.enabled is False
+    assert c.hash() == load_config("cpu", "optim.lr=1", "model.name_or_path=123", "data.data_dir=d",
+                                   "warmup.enabled=false").hash()
+    for bad in ("hash.x=1", "preset.upper=1", "tree.__class__=1", "optim=1", "optim.lr"):
+        with pytest.raises(ConfigError, match="not 'group.field=value'"):
+            load_config("cpu", bad)
+
+
+def test_a_saved_config_is_checked_as_strictly(tmp_path):
+    d = load_config("cpu").to_dict()
+    d["tree"]["M"] = "2"
+    with pytest.raises(ConfigError, match=r"`tree\.M` = '2' is invalid: allowed an integer"):
+        Config.from_dict(d)
+    d["tree"] = {"M": 2, "K": 1}
+    with pytest.raises(ConfigError, match="unknown field.*K.*tree"):
+        Config.from_dict(d)
+
+
+@pytest.mark.parametrize("override, field", [
+    ("optim.seed=-1", "optim.seed"), ("optim.adv_eps=0", "optim.adv_eps"), ("optim.weight_decay=-0.1",
+    "optim.weight_decay"), ("data.retriever_url=localhost:8000", "data.retriever_url"), ("model.lora_targets=[]",
+    "model.lora_targets"), ("model.name_or_path=", "model.name_or_path"), ("warmup.seed=-2", "warmup.seed"),
+])
+def test_fields_that_had_no_range_check_have_one(override, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        load_config("cpu", override)

@@ -67,6 +67,47 @@ def test_bad_files_give_clear_errors(tmp_path: Path) -> None:
         load_split(tmp_path, "test")
 
 
+@pytest.mark.parametrize("row, error", [
+    ({"question": "Q", "golden_answers": []}, r"t\.jsonl:2: `golden_answers` is \[\]; it must be a non-empty list"),
+    ({"question": "Q", "golden_answers": 5}, r"t\.jsonl:2: `golden_answers` is 5; it must be a non-empty list"),
+    ({"question": "Q", "golden_answers": [None]}, r"t\.jsonl:2: `golden_answers` is \[null\]"),
+    ({"question": None, "golden_answers": ["x"]}, r"t\.jsonl:2: `question` is null; it must be a non-empty string"),
+    ({"question": "  ", "golden_answers": ["x"]}, r"t\.jsonl:2: `question` is \"  \"; it must be"),
+    ({"question": "Q", "reward_model": 5}, r"t\.jsonl:2: missing column 'golden_answers'"),
+    ([1, 2], r"t\.jsonl:2: the row is list, expected a JSON object"),
+])
+def test_a_bad_question_row_names_file_line_and_fix(tmp_path: Path, row, error: str) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n" + json.dumps(row) + "\n")  # a blank first line: the line number is the file's
+    with pytest.raises(DataError, match=error):
+        load_questions(path)
+
+
+def test_unreadable_or_empty_question_files_name_the_file(tmp_path: Path) -> None:
+    latin1 = tmp_path / "l.jsonl"
+    latin1.write_bytes(b'{"question": "Q", "golden_answers": ["x"]}\n{"question": "caf\xe9", "golden_answers": ["x"]}\n')
+    with pytest.raises(DataError, match=r"l\.jsonl:2: not UTF-8 text \(byte 0xe9 at column 18\)"):
+        load_questions(latin1)
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b'\xef\xbb\xbf{"question": "Q", "golden_answers": ["x"]}\n')
+    assert load_questions(bom)[0].question == "Q"
+    (tmp_path / "train.jsonl").write_text("")
+    with pytest.raises(DataError, match=r"train\.jsonl: no questions \(the file is empty\)"):
+        load_split(tmp_path, "train")
+
+
+def test_preflight_fails_on_an_empty_train_file(tmp_path: Path) -> None:
+    from tg.config import load_config
+    from tg.preflight import check_data
+    _jsonl(tmp_path / "test.jsonl", [{"question": "Q", "golden_answers": ["x"]}])
+    (tmp_path / "train.jsonl").write_text("\n")
+    cfg = load_config("paper-1.5b-multi-hop", f"data.data_dir={tmp_path}")
+    check = check_data(cfg)
+    assert check.failed and "no questions" in check.detail and check.fix.startswith("tg data prepare")
+    _jsonl(tmp_path / "train.jsonl", [{"question": "Q", "golden_answers": ["x"]}] * 2)
+    assert check_data(cfg).status == "ok" and "(2 questions)" in check_data(cfg).detail
+
+
 @pytest.fixture
 def flashrag_dir(tmp_path: Path) -> Path:
     """A tiny local copy in the FlashRAG layout; triviaqa has no test split (dev is used)."""

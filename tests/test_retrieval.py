@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from tg.config import DataConfig
+from tg.data import DataError
 from tg.protocol import format_observation
 from tg.retrieval import BM25Retriever, CachedRetriever, bm25_for, doc_title, read_corpus
 from tg.world import World, build_world
@@ -51,6 +53,64 @@ def test_bm25_for_caches_beside_corpus(world_path: Path) -> None:
     first = bm25_for(world_path / "corpus.jsonl")
     assert (world_path / "bm25" / "docs.jsonl").exists()
     assert bm25_for(world_path / "corpus.jsonl").search(["x"], 2) == first.search(["x"], 2)
+
+
+def _corpus(path: Path, titles: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"id": i, "contents": f'"{t}"\n{t} is a city.'}) + "\n"
+                            for i, t in enumerate(titles)))
+    return path
+
+
+def _later(path: Path) -> None:
+    """Move the file's mtime a second on, as a later edit would (whatever the file system's resolution)."""
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+
+
+def test_a_changed_corpus_rebuilds_its_cached_index(tmp_path: Path) -> None:
+    corpus = _corpus(tmp_path / "corpus.jsonl", ["Borv", "Kalden"])
+    assert [d["title"] for d in bm25_for(corpus).docs] == ["Borv", "Kalden"]
+    _corpus(corpus, ["Borv", "Kalden", "Ustra"])                        # grown
+    assert bm25_for(corpus).search(["Ustra"], 1)[0][0]["title"] == "Ustra"
+    _corpus(corpus, ["Borv", "Kalden", "Narmo"])                        # same size, other bytes
+    _later(corpus)
+    assert [d["title"] for d in bm25_for(corpus).docs] == ["Borv", "Kalden", "Narmo"]
+    inode = (tmp_path / "bm25" / "docs.jsonl").stat().st_ino
+    _later(corpus)                                                      # touched, not changed: the index stays
+    assert [d["title"] for d in bm25_for(corpus).docs] == ["Borv", "Kalden", "Narmo"]
+    assert (tmp_path / "bm25" / "docs.jsonl").stat().st_ino == inode
+    (tmp_path / "bm25" / "corpus.json").unlink()        # an index that records no corpus (an earlier tg's) ...
+    bm25_for(corpus)                                    # ... is kept if its documents are the corpus's
+    assert (tmp_path / "bm25" / "docs.jsonl").stat().st_ino == inode and (tmp_path / "bm25" / "corpus.json").exists()
+    (tmp_path / "bm25" / "corpus.json").unlink()
+    _corpus(corpus, ["Borv"])                           # ... and rebuilt if not
+    assert [d["title"] for d in bm25_for(corpus).docs] == ["Borv"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bm25", "corpus.jsonl"]  # no temporary left
+
+
+@pytest.mark.parametrize("lines, error", [
+    (b'{"id": 0, "contents": "\\"A\\"\\nA is."}\n\n{oops\n', r"c\.jsonl:3: not valid JSON"),
+    (b'{"id": 0}\n', r"c\.jsonl:1: no `contents` \(found: id\)"),
+    (b'{"contents": "x"}\n', r"c\.jsonl:1: no `id`"),
+    (b'["id", "contents"]\n', r"c\.jsonl:1: the line is list, not a JSON object"),
+    (b'{"id": 0, "contents": 5}\n', r"c\.jsonl:1: `id` must be .* `contents` .* strings"),
+    (b'{"id": 0, "contents": "caf\xe9"}\n', r"c\.jsonl:1: not UTF-8 text \(byte 0xe9"),
+    (b"\n  \n", r"c\.jsonl: no documents \(the corpus is empty\)"),
+])
+def test_a_bad_corpus_names_file_line_and_fix(tmp_path: Path, lines: bytes, error: str) -> None:
+    (tmp_path / "c.jsonl").write_bytes(lines)
+    with pytest.raises(DataError, match=error) as err:
+        read_corpus(tmp_path / "c.jsonl")
+    assert "\n" not in str(err.value)
+
+
+def test_a_corpus_bm25_cannot_index_is_named(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="no such corpus file"):
+        bm25_for(tmp_path / "absent.jsonl")
+    (tmp_path / "c.jsonl").write_text(json.dumps({"id": 0, "contents": "it is"}) + "\n")
+    with pytest.raises(DataError, match="no document has a word BM25 can index"):
+        bm25_for(tmp_path / "c.jsonl")
+    assert not (tmp_path / "bm25").exists()
 
 
 def test_cache_replays_exactly(bm25: BM25Retriever, tmp_path: Path) -> None:

@@ -14,8 +14,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import pytest
 
-from tg.server import (HTTPRetriever, RetrieverResponseError, RetrieverUnavailableError, make_server,
-                       parse_response, start_background)
+from tg.server import (HTTPRetriever, RetrieverResponseError, RetrieverUnavailableError, ServerStartError,
+                       make_server, parse_response, start_background)
 
 DOCS = [
     {"id": "0", "title": "Borv", "contents": '"Borv"\nBorv is a company founded by Kalden.'},
@@ -194,7 +194,67 @@ def test_parse_response_accepts_plain_documents() -> None:
 
 
 def test_only_loopback_by_default() -> None:
-    with pytest.raises(ValueError, match="loopback"):
+    with pytest.raises(ServerStartError, match="loopback.*--allow-remote"):
         make_server(FakeRetriever(), host="0.0.0.0", port=0)
+    make_server(FakeRetriever(), host="0.0.0.0", port=0, allow_remote=True).server_close()
     with pytest.raises(ValueError, match="http"):
         HTTPRetriever("127.0.0.1:8000/retrieve")
+
+
+def _raw(url: str, request: bytes, timeout: float = 5.0) -> bytes:
+    """Send raw bytes to the server of `url` and read its whole answer (the server closes after one)."""
+    host, port = url.split("/")[2].split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+        s.sendall(request)
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _request(body: bytes, length: int | str | None = None) -> bytes:
+    size = len(body) if length is None else length
+    return b"POST /retrieve HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: " + str(size).encode() + \
+        b"\r\n\r\n" + body
+
+
+def test_fifty_concurrent_plain_clients_are_all_answered() -> None:
+    body = json.dumps({"queries": ["Borv"], "topk": 1}).encode()
+    with start_background(FakeRetriever()) as srv:
+        start, answers = threading.Barrier(50), []
+
+        def client() -> None:
+            start.wait()
+            try:
+                answers.append(_raw(srv.url, _request(body)).split(b" ", 2)[1])
+            except OSError as e:  # reset by a full listen backlog
+                answers.append(type(e).__name__.encode())
+
+        threads = [threading.Thread(target=client) for _ in range(50)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+    assert answers == [b"200"] * 50
+
+
+def test_topk_and_return_scores_mean_what_they_say() -> None:
+    with start_background(FakeRetriever(), default_topk=2) as srv:
+        for bad, field in (({"topk": 0}, "topk"), ({"topk": "3"}, "topk"), ({"topk": 1.5}, "topk"),
+                           ({"return_scores": "no"}, "return_scores"), ({"return_scores": 1}, "return_scores")):
+            code, answer = _post(srv.url, {"queries": ["Borv"], **bad})
+            assert code == 400 and f"`{field}` must be" in answer["error"]
+        code, answer = _post(srv.url, {"queries": ["Borv"], "topk": None, "return_scores": False})
+        assert code == 200 and len(answer["result"][0]) == 2 and "document" not in answer["result"][0][0]
+
+
+def test_a_truncated_body_or_a_bad_length_never_holds_a_thread() -> None:
+    with start_background(FakeRetriever(), read_timeout=0.5) as srv:
+        t0 = time.perf_counter()
+        assert b" 400 " in _raw(srv.url, _request(b'{"queries": ', length=100))   # 12 of 100 bytes, then silence
+        assert time.perf_counter() - t0 < 3
+        for length in (-1, "x", "1e3", ""):
+            answer = _raw(srv.url, _request(b"{}", length=length))
+            assert b" 400 " in answer and b"Content-Length must be a non-negative integer" in answer
+        assert b" 413 " in _raw(srv.url, _request(b"{}", length=1 << 40))
+        assert _post(srv.url, {"queries": ["Borv"]})[0] == 200  # still serving

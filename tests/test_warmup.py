@@ -172,6 +172,17 @@ def test_how_rl_uses_the_policy_keys_no_separate_warm_up():
     assert warmup_dir(warmup_config(load_config("cpu", "model.hidden_size=64", "model.num_heads=2"))) != base
 
 
+def test_where_rl_retrieves_keys_no_separate_warm_up():
+    """The warm-up searches the world in-process: pointing RL at a retrieval server keeps both pinned starts."""
+    from tg.mini import REGIMES
+    from tg.pipeline import warmup_config
+    pinned = {"moderate": "warmup-fb4da30d3995-722e49", "hard": "warmup-2f9bf1528d85-722e49"}
+    for regime, name in pinned.items():
+        for extra in ([], ["data.retriever=http", "data.retriever_url=http://127.0.0.1:8123/retrieve"]):
+            assert warmup_dir(warmup_config(load_config("cpu", *REGIMES[regime], *extra))).name == name
+    assert warmup_dir(warmup_config(load_config("cpu", "data.top_k=2"))).name != pinned["moderate"]  # demos show k
+
+
 def test_machine_names_the_cpu_and_torchs_isa() -> None:
     """Recorded in a rebuilt warm-up's warmup.json: its floats depend on the CPU's kernels."""
     name = machine()

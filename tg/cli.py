@@ -11,9 +11,13 @@
     tg demo                                      chain GRPO vs Tree-GRPO from the same warmed-up policy
     tg data prepare --setting single-hop|multi-hop --out DIR [--source HUB_ID|LOCAL_DIR]
     tg data corpus  --out DIR [--source HUB_ID|wiki-18.jsonl.gz] [--index]   wiki-18 (+ its BM25 index)
-    tg retriever serve --corpus corpus.jsonl [--port 8000]
+    tg retriever serve --corpus corpus.jsonl [--port 8000] [--host H --allow-remote]
     tg mini     list | run EXPERIMENT [--workers 2] [--root DIR] | report [EXPERIMENT]
                 the claims in miniature (results/mini/; --root DIR: DIR/results/mini/)
+
+`python -m tg ...` is the same command. A mistake in the input (a config value, a data file, a policy path,
+an unreachable retriever, a diverged run) ends in one line that says what to fix (`USER_ERRORS`); `--debug`,
+before or after the command name, shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from tg.config import Config, ConfigError, load_config
 
@@ -64,16 +68,42 @@ def _add_method(p: argparse.ArgumentParser, required: bool) -> None:
     p.add_argument("--steps", type=int)
 
 
+USER_ERRORS = ("tg.config_values:ConfigError", "tg.data:DataError", "tg.server:RetrieverUnavailableError",
+               "tg.server:RetrieverResponseError", "tg.server:ServerStartError", "tg.trainer:NonFiniteError",
+               "tg.vllm_engine:VLLMSetupError", "tg.vllm_engine:PolicySyncError")
+"""Errors whose message names the problem and its fix (PolicyError is a ConfigError): printed as one line."""
+
+COMMANDS = {
+    "config": "print the config (the preset with --set overrides) and its hash",
+    "world": "build the synthetic world; show a document and three questions",
+    "warmup": "report the starting policy's greedy EMs (--rebuild: train it anew)",
+    "demo": "chain GRPO vs Tree-GRPO from the same warmed-up policy",
+}
+"""The subcommands that take only the common options, and what each does."""
+DEBUG_HELP = "show an error's traceback instead of its one-line message"
+
+
+def user_error(err: BaseException) -> bool:
+    """Whether `err` is one of `USER_ERRORS` (looked up among the modules already imported: the error of a
+    module never imported cannot have been raised)."""
+    for name in USER_ERRORS:
+        module, cls = name.split(":")
+        if module in sys.modules and isinstance(err, getattr(sys.modules[module], cls)):
+            return True
+    return False
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="tg", description="Tree-GRPO kit (arXiv 2509.21240)")
+    ap.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = ap.add_subparsers(dest="command", required=True)
-    for name in ("config", "world", "warmup", "demo"):
-        _add_common(sub.add_parser(name))
+    for name, what in COMMANDS.items():
+        _add_common(sub.add_parser(name, help=what))
     sub.choices["warmup"].add_argument(
         "--rebuild", nargs="?", const="", default=None, metavar="DIR",
         help="train the warm-up anew (about 10 min) into DIR (default: the cache, where runs of this config find it) "
              "instead of loading the pinned policy")
-    t = sub.add_parser("train")
+    t = sub.add_parser("train", help="train chain GRPO or Tree-GRPO, evaluate, append rows to results/runs.csv")
     _add_common(t)
     _add_method(t, required=True)
     t.add_argument("--seed", type=int)
@@ -90,13 +120,23 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--train-tps", type=float, help="trained tokens/s (forward + backward) to estimate with")
     f.add_argument("--no-measure", action="store_true", help="do not load the model to measure tokens/s")
     sub.add_parser("doctor", help="installed versions against the tested matrix")
-    e = sub.add_parser("eval")
+    e = sub.add_parser("eval", help="greedy EM of a run's checkpoint or a model on the test sets")
     _add_common(e)
-    e.add_argument("--policy", default=None, help="a run directory (its checkpoint) or a model path; "
-                                                  "default: the preset's starting policy")
+    e.add_argument("--policy", default=None, help="a run directory (its checkpoint.pt), a checkpoint file, a model "
+                                                  "directory or a hub id; default: the preset's starting policy")
     e.add_argument("--out", default="results/eval.csv")
-    data = sub.add_parser("data").add_subparsers(dest="action", required=True)
-    d = data.add_parser("prepare")
+    leaves = _add_data_and_retriever(sub)
+    _add_mini(sub)
+    for p in [*sub.choices.values(), *leaves]:  # --debug also after the command name
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
+    return ap
+
+
+def _add_data_and_retriever(sub: Any) -> list[argparse.ArgumentParser]:
+    """`tg data prepare|corpus` and `tg retriever serve`; returns those three parsers."""
+    data = sub.add_parser("data", help="prepare NQ/HotpotQA question files or the wiki-18 corpus").add_subparsers(
+        dest="action", required=True)
+    d = data.add_parser("prepare", help="FlashRAG datasets -> Search-R1 train/test parquet files")
     d.add_argument("--setting", choices=("single-hop", "multi-hop"), required=True)
     d.add_argument("--out", required=True)
     d.add_argument("--source", default="RUC-NLPIR/FlashRAG_datasets", help="hub id or a local FlashRAG directory")
@@ -104,10 +144,18 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--out", required=True)
     c.add_argument("--source", default="PeterJinGo/wiki-18-corpus", help="hub dataset id or a local .jsonl(.gz)")
     c.add_argument("--index", action="store_true", help="also build the BM25 index; report time, peak RAM, disk")
-    r = sub.add_parser("retriever").add_subparsers(dest="action", required=True).add_parser("serve")
+    r = sub.add_parser("retriever", help="serve BM25 over a corpus as a Search-R1 /retrieve server").add_subparsers(
+        dest="action", required=True).add_parser("serve", help="serve until Ctrl-C")
     r.add_argument("--corpus", required=True, help="JSONL with id and contents (wiki-18 layout)")
-    r.add_argument("--host", default="127.0.0.1")
+    r.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback only; "
+                                                       "another, e.g. 0.0.0.0, needs --allow-remote)")
     r.add_argument("--port", type=int, default=8000)
+    r.add_argument("--allow-remote", action="store_true",
+                   help="listen on a non-loopback --host; the server has no authentication")
+    return [d, c, r]
+
+
+def _add_mini(sub: Any) -> None:
     m = sub.add_parser("mini", help="the paper's claims in miniature: named grids -> results/mini/<name>.csv")
     m.add_argument("action", choices=("list", "run", "report"))
     m.add_argument("experiment", nargs="?", help="budget, ledger, theory, shapes, ablation, sweep (see `tg mini list`)")
@@ -116,7 +164,6 @@ def parser() -> argparse.ArgumentParser:
                    help="run only this cell (repeatable): a name or its last parts, e.g. --cell 'tree (1,2,1)' (both "
                         "starts) --cell moderate/chain-16 (one); default all")
     m.add_argument("--root", metavar="DIR", help="read and write DIR/results/mini/ (default: this checkout's)")
-    return ap
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -124,9 +171,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return _dispatch(args)
-    except ConfigError as err:
-        print(f"tg: {err}", file=sys.stderr)
-        return 2
+    except Exception as err:  # noqa: BLE001 (only USER_ERRORS are caught; the rest re-raise)
+        if args.debug or not user_error(err):
+            raise
+        print(f"tg: {' '.join(str(err).split())} (--debug shows the traceback)", file=sys.stderr)
+        return 2 if isinstance(err, ConfigError) else 1
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -140,7 +189,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         commands.data_prepare(args.setting, args.out, args.source)
         return 0
     if args.command == "retriever":
-        commands.retriever_serve(args.corpus, args.host, args.port)
+        commands.retriever_serve(args.corpus, args.host, args.port, args.allow_remote)
         return 0
     if args.command == "mini":
         from tg import mini, summary

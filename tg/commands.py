@@ -15,7 +15,7 @@ from tg.data import Question
 from tg.engine import HFEngine
 from tg.evaluate import EvalResult, append_row, evaluate, result_row
 from tg.finetune import default_device, trainable_policy
-from tg.pipeline import Resources, load_resources
+from tg.pipeline import Resources, load_resources, policy_source
 from tg.rundir import check_run_dir, has_checkpoint, read_checkpoint, run_lock
 from tg.trainer import Trainer
 from tg.world import resolve
@@ -142,13 +142,13 @@ def method_name(cfg: Config) -> str:
 def evaluate_policy(cfg: Config, policy: str | None, out: Path) -> dict:
     """Evaluate a run directory's checkpoint, a model path, or the preset's starting policy."""
     from transformers import AutoTokenizer
+    model_path, checkpoint = policy_source(policy) if policy else (None, None)
     res = load_resources(cfg)
     tok = AutoTokenizer.from_pretrained(res.policy_path)
-    run_dir = Path(policy) if policy and (Path(policy) / "checkpoint.pt").exists() else None
-    tp = trainable_policy(policy if policy and not run_dir else res.policy_path, cfg.model, default_device())
+    tp = trainable_policy(model_path or res.policy_path, cfg.model, default_device())
     step = 0
-    if run_dir:
-        state = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    if checkpoint:
+        state = torch.load(checkpoint, weights_only=False)
         tp.load_state_dict(state["weights"])
         step = state["step"]
     result = evaluate_model(tp.model, tok, res, cfg)
@@ -229,11 +229,13 @@ def data_prepare(setting: str, out: str, source: str) -> None:
     print({k: str(v) for k, v in paths.items()})
 
 
-def retriever_serve(corpus: str, host: str, port: int) -> None:
+def retriever_serve(corpus: str, host: str, port: int, allow_remote: bool = False) -> None:
+    """Load (or build) the corpus's BM25 index, bind the port, then say where it serves."""
     from tg.retrieval import bm25_for
     from tg.server import serve
-    print(f"serving BM25 over {corpus} at http://{host}:{port}/retrieve (Ctrl-C to stop)", flush=True)
-    serve(bm25_for(corpus), host=host, port=port)
+    retriever = bm25_for(corpus)
+    serve(retriever, host=host, port=port, allow_remote=allow_remote,
+          ready=lambda line: print(f"{corpus}: {len(retriever.docs):,} documents; {line}", flush=True))
 
 
 def demo(cfg: Config) -> None:

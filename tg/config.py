@@ -14,18 +14,13 @@ import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
+
+from tg.config_values import ConfigError, check_types, field_types, parse_value
+from tg.config_values import check as _check
 
 PRESET_ENV = "TG_PRESET"
 DEFAULT_PRESET = "cpu"
-
-
-class ConfigError(ValueError):
-    """A config value is out of range; the message names the field and what is allowed."""
-
-
-def _check(ok: bool, name: str, allowed: str, value: Any) -> None:
-    if not ok:
-        raise ConfigError(f"config field `{name}` = {value!r} is invalid: allowed {allowed}")
 
 
 @dataclass(frozen=True)
@@ -60,6 +55,9 @@ class ModelConfig:
     """Recompute activations in the backward pass (needed for 1.5B on one GPU; QLoRA uses use_reentrant=False)."""
 
     def validate(self) -> None:
+        _check(self.name_or_path != "", "model.name_or_path", "'tiny', a hub id or a model directory",
+               self.name_or_path)
+        _check(len(self.lora_targets) >= 1, "model.lora_targets", "one module name or more", self.lora_targets)
         _check(self.dtype in ("auto", "float32", "bfloat16"), "model.dtype", "'auto', 'float32', 'bfloat16'", self.dtype)
         _check(self.finetune in ("full", "lora", "qlora"), "model.finetune", "'full', 'lora', 'qlora'", self.finetune)
         for n in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "lora_r", "lora_alpha"):
@@ -105,6 +103,11 @@ class DataConfig:
         _check(self.setting in ("single-hop", "multi-hop"), "data.setting", "'single-hop', 'multi-hop'", self.setting)
         _check(self.retriever in ("bm25", "http"), "data.retriever", "'bm25', 'http'", self.retriever)
         _check(self.top_k >= 1, "data.top_k", ">= 1", self.top_k)
+        _check(self.data_dir != "", "data.data_dir", "a directory", self.data_dir)
+        _check(self.world_seed >= 0, "data.world_seed", ">= 0", self.world_seed)
+        url = urlsplit(self.retriever_url)
+        _check(url.scheme in ("http", "https") and bool(url.netloc), "data.retriever_url",
+               "an http(s) URL like http://127.0.0.1:8000/retrieve", self.retriever_url)
         for n in ("n_countries", "n_cities", "n_companies", "n_people"):
             _check(getattr(self, n) >= 2, f"data.{n}", ">= 2", getattr(self, n))
         _check(self.n_test_single >= 1, "data.n_test_single", ">= 1", self.n_test_single)
@@ -141,6 +144,7 @@ class WarmupConfig:
         _check(self.n_demos >= 1 and self.steps >= 0 and self.batch_size >= 1, "warmup.n_demos/steps/batch_size",
                "n_demos >= 1, steps >= 0, batch_size >= 1", (self.n_demos, self.steps, self.batch_size))
         _check(self.lr > 0, "warmup.lr", "> 0", self.lr)
+        _check(self.seed >= 0, "warmup.seed", ">= 0", self.seed)
 
 
 @dataclass(frozen=True)
@@ -287,6 +291,10 @@ class OptimConfig:
         _check(self.prompts_per_step % self.mini_batch_prompts == 0, "optim.mini_batch_prompts",
                "a divisor of optim.prompts_per_step", self.mini_batch_prompts)
         _check(self.lr > 0, "optim.lr", "> 0", self.lr)
+        _check(self.weight_decay >= 0, "optim.weight_decay", ">= 0", self.weight_decay)
+        _check(self.adv_eps > 0, "optim.adv_eps", "> 0 (it divides by std + adv_eps, and a group's std can be 0)",
+               self.adv_eps)
+        _check(self.seed >= 0, "optim.seed", ">= 0", self.seed)
         _check(0.0 <= self.warmup_ratio <= 1.0, "optim.warmup_ratio", "[0, 1]", self.warmup_ratio)
         _check(self.grad_clip > 0, "optim.grad_clip", "> 0 (a negative clip reverses every update)", self.grad_clip)
         _check(self.advantage in ("chain", "inter", "intra", "intra+inter"), "optim.advantage",
@@ -337,9 +345,14 @@ class Config:
     """Warm-up checkpoints, built worlds and indexes, keyed by config hash (relative to the repo root)."""
 
     def __post_init__(self) -> None:
+        check_types("", self)
         _check(self.preset in PRESETS, "preset", ", ".join(sorted(PRESETS)), self.preset)
-        for g in (self.model, self.data, self.warmup, self.agent, self.tree, self.optim, self.eval):
-            g.validate()
+        _check(self.cache_dir != "", "cache_dir", "a directory", self.cache_dir)
+        for name, kind in _GROUP_TYPES.items():
+            group = getattr(self, name)
+            _check(isinstance(group, kind), name, f"a {kind.__name__}", group)
+            check_types(f"{name}.", group)
+            group.validate()
 
     # ---- variants, hashing, printing, saving -------------------------------------------------
     def replace(self, **groups: Any) -> "Config":
@@ -351,20 +364,16 @@ class Config:
         return dataclasses.replace(self, **new)
 
     def with_overrides(self, *assignments: str) -> "Config":
-        """Apply 'group.field=value' strings (CLI --set); values are parsed as JSON when they parse."""
+        """Apply 'group.field=value' strings (CLI --set); each value is read by its field's type
+        (`tg.config_values.parse_value`), then the whole config is type- and range-checked."""
         groups: dict[str, dict[str, Any]] = {}
         for a in assignments:
             key, sep, raw = a.partition("=")
             group, dot, name = key.partition(".")
-            if not sep or not dot or not hasattr(self, group) or not hasattr(getattr(self, group), name):
+            hints = field_types(_GROUP_TYPES[group]) if group in _GROUP_TYPES else {}
+            if not sep or not dot or name not in hints:
                 raise ConfigError(f"override {a!r} is not 'group.field=value' with a known field; see `tg config`")
-            try:
-                value = json.loads(raw)
-            except json.JSONDecodeError:
-                value = raw
-            if isinstance(getattr(getattr(self, group), name), tuple):
-                value = tuple(value) if isinstance(value, list) else tuple(str(value).split(","))
-            groups.setdefault(group, {})[name] = value
+            groups.setdefault(group, {})[name] = parse_value(raw, hints[name])
         return self.replace(**groups)
 
     def to_dict(self) -> dict[str, Any]:
@@ -397,6 +406,9 @@ class Config:
                 raise ConfigError(f"unknown config group `{name}` in saved config")
             if isinstance(value, dict):
                 sub = _GROUP_TYPES[name]
+                unknown = sorted(set(value) - {f.name for f in fields(sub)})
+                if unknown:
+                    raise ConfigError(f"unknown field(s) {', '.join(unknown)} in group `{name}` of a saved config")
                 value = sub(**{k: tuple(v) if isinstance(v, list) else v for k, v in value.items()})
             kwargs[name] = value
         return cls(**kwargs)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from tg.protocol import build_prompt
 
@@ -56,49 +56,89 @@ class Question:
     """Every other column of the row (prompt, reward_model, extra_info, metadata, ...)."""
 
 
-def _read_rows(path: Path) -> list[dict[str, Any]]:
-    """Rows of a parquet or JSON-lines file as plain Python dicts."""
+def json_lines(path: Path) -> Iterator[tuple[str, Any]]:
+    """The JSON value of every non-blank line of a JSON-lines file, with where it is ('file:line').
+    Bytes that are not UTF-8 and lines that are not JSON raise `DataError` naming the file and line."""
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{where}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1}); "
+                                "save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)") from e
+            if not line.strip():
+                continue
+            try:
+                yield where, json.loads(line)
+            except (ValueError, RecursionError) as e:  # json.JSONDecodeError is a ValueError
+                why = f"{e.msg} at column {e.colno}" if isinstance(e, json.JSONDecodeError) else "nested too deeply"
+                raise DataError(f"{where}: not valid JSON ({why}); each line must be one JSON object") from e
+
+
+def _read_rows(path: Path) -> list[tuple[str, Any]]:
+    """Rows of a parquet or JSON-lines file as plain Python values, each with where it is."""
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        return pq.read_table(path).to_pylist()
-    rows = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{lineno}: not valid JSON ({e}); each line must be one JSON object") from e
-    return rows
+        return [(f"{path}: row {i}", row) for i, row in enumerate(pq.read_table(path).to_pylist())]
+    return list(json_lines(path))
+
+
+def _nested(row: dict[str, Any], *keys: str) -> Any:
+    """row[k1][k2]... or None where a level is missing or not a JSON object."""
+    for key in keys:
+        row = row.get(key) if isinstance(row, dict) else None
+    return row
 
 
 def _golds(row: dict[str, Any]) -> Any:
     if "golden_answers" in row:
         return row["golden_answers"]
-    return ((row.get("reward_model") or {}).get("ground_truth") or {}).get("target")
+    return _nested(row, "reward_model", "ground_truth", "target")
 
 
-def _missing(path: Path, column: str, row: dict[str, Any]) -> DataError:
+def shown_keys(row: dict[str, Any]) -> str:
+    """A row's keys for a one-line message: sorted, escaped as Python writes them ('a\\nb'), or 'none'."""
+    return ", ".join(repr(k)[1:-1] for k in sorted(row)) or "none"
+
+
+def _missing(where: str, column: str, row: dict[str, Any]) -> DataError:
     return DataError(
-        f"{path}: missing column {column!r} (found: {', '.join(sorted(row)) or 'none'}). tg reads the "
+        f"{where}: missing column {column!r} (found: {shown_keys(row)}). tg reads the "
         "Search-R1/FlashRAG schema: `question` (str), `golden_answers` (list of str), `data_source` (str). "
         f"Rename the column, or rebuild the file with {_PREPARE_HINT}.")
 
 
-def _to_question(row: dict[str, Any], index: int, source: str, path: Path) -> Question:
+def _gold_tuple(golds: Any, where: str) -> tuple[str, ...]:
+    """Gold answers as a tuple of strings: one string, or a non-empty list of strings (numbers are written out)."""
+    if isinstance(golds, str):
+        return (golds,)
+    ok = isinstance(golds, (list, tuple)) and len(golds) > 0 and all(
+        isinstance(g, (str, int, float)) and not isinstance(g, bool) for g in golds)
+    if not ok:
+        shown = json.dumps(golds, default=str)[:100]
+        raise DataError(f"{where}: `golden_answers` is {shown}; it must be a non-empty list of strings (or one "
+                        'string), e.g. ["Paris"]. Fix the row or drop it.')
+    return tuple(str(g) for g in golds)
+
+
+def _to_question(row: Any, index: int, source: str, where: str) -> Question:
     if not isinstance(row, dict):
-        raise DataError(f"{path}: row {index} is {type(row).__name__}, expected a JSON object")
+        raise DataError(f"{where}: the row is {type(row).__name__}, expected a JSON object")
     if "question" not in row:
-        raise _missing(path, "question", row)
+        raise _missing(where, "question", row)
+    if not isinstance(row["question"], str) or not row["question"].strip():
+        shown = json.dumps(row["question"], default=str)[:100]
+        raise DataError(f"{where}: `question` is {shown}; it must be a non-empty string. Fix the row or drop it.")
     golds = _golds(row)
     if golds is None:
-        raise _missing(path, "golden_answers", row)
-    golds = (golds,) if isinstance(golds, str) else tuple(str(g) for g in golds)
+        raise _missing(where, "golden_answers", row)
+    golds = _gold_tuple(golds, where)
     data_source = str(row.get("data_source") or source)
-    qid = row.get("id", (row.get("extra_info") or {}).get("index"))
+    qid = row.get("id", _nested(row, "extra_info", "index"))
     extra = {k: v for k, v in row.items() if k not in ("id", "question", "golden_answers", "data_source")}
-    return Question(id=str(qid) if qid is not None else f"{data_source}-{index}", question=str(row["question"]),
+    return Question(id=str(qid) if qid is not None else f"{data_source}-{index}", question=row["question"],
                     golden_answers=golds, data_source=data_source, extra=extra)
 
 
@@ -113,9 +153,11 @@ def load_questions(path: str | Path, data_source: str | None = None, limit: int 
         raise DataError(f"{path}: no such file; build train/test files with {_PREPARE_HINT}")
     if path.suffix not in _SUFFIXES:
         raise DataError(f"{path}: unsupported file type {path.suffix!r}; use .parquet or .jsonl")
-    rows = _read_rows(path)[:limit]
+    rows = _read_rows(path)
+    if not rows:
+        raise DataError(f"{path}: no questions (the file is empty); rebuild it with {_PREPARE_HINT}")
     source = data_source or path.parent.name
-    return [_to_question(r, i, source, path) for i, r in enumerate(rows)]
+    return [_to_question(r, i, source, where) for i, (where, r) in enumerate(rows[:limit])]
 
 
 def split_file(data_dir: str | Path, split: str) -> Path:

@@ -7,6 +7,7 @@ retrieve over HTTP from a Search-R1 style server or with BM25 over a local corpu
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,8 @@ from tg.retrieval import CachedRetriever, bm25_for
 from tg.server import HTTPRetriever
 from tg.world import ensure_world, resolve
 
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+"""A model hub id, 'org/name' (bare legacy names such as 'gpt2' are taken for local paths)."""
 SINGLE_SOURCES = ("synthetic_single", "nq", "triviaqa", "popqa")
 """Data sources averaged as single-hop (the paper's Table 1 left half)."""
 
@@ -81,12 +84,14 @@ def warmup_config(cfg: Config) -> Config:
 
     The warm-up trains the whole float32 base model on both question kinds, so how RL later fine-tunes it
     (full / LoRA / QLoRA), the dtype it is loaded in and the setting it trains on key no separate warm-up
-    (a bf16 QLoRA smoke run on a GPU reuses the CPU machine's cache)."""
-    d = ModelConfig()
+    (a bf16 QLoRA smoke run on a GPU reuses the CPU machine's cache). Its demonstrations always search the
+    world's corpus with in-process BM25, so where RL retrieves (`data.retriever`, `data.retriever_url`) keys
+    none either; `data.top_k` does (the demonstrations show that many documents)."""
+    d, data = ModelConfig(), DataConfig()
     return cfg.replace(model=dict(finetune=d.finetune, dtype=d.dtype, lora_r=d.lora_r, lora_alpha=d.lora_alpha,
                                   lora_dropout=d.lora_dropout, lora_targets=d.lora_targets,
                                   gradient_checkpointing=d.gradient_checkpointing),
-                       data=dict(setting=DataConfig().setting))
+                       data=dict(setting=data.setting, retriever=data.retriever, retriever_url=data.retriever_url))
 
 
 def _policy_path(cfg: Config) -> str:
@@ -97,6 +102,27 @@ def _policy_path(cfg: Config) -> str:
                           "cannot follow the protocol)")
     from tg.warmup import warmed_up_policy
     return str(warmed_up_policy(warmup_config(cfg)))
+
+
+def policy_source(policy: str) -> tuple[str | None, Path | None]:
+    """What `tg eval --policy` names, as (model path or hub id, checkpoint): a run directory (its
+    `checkpoint.pt`, on the config's starting policy), a checkpoint file, a saved model directory
+    (`config.json`), or a hub id. Anything else (a path, or 'runs/...' or 'DIR/...' for an existing DIR,
+    that holds none of them) raises `PolicyError` at once, before anything loads or reaches the hub."""
+    from tg.warmup import PolicyError
+    path = Path(policy).expanduser()
+    if (path / "checkpoint.pt").is_file():
+        return None, path / "checkpoint.pt"
+    if path.is_file() and path.suffix == ".pt":
+        return None, path
+    if (path / "config.json").is_file():
+        return str(path), None
+    head = policy.split("/", 1)[0]
+    if path.exists() or not HUB_ID.fullmatch(policy) or head == "runs" or Path(head).is_dir():
+        raise PolicyError(f"no run directory or checkpoint at {policy}: pass a run directory holding checkpoint.pt "
+                          "(runs/<method>-<hash>, written by `tg train`), a checkpoint.pt file, a model directory "
+                          "holding config.json (save_pretrained), or a hub id such as Qwen/Qwen2.5-1.5B")
+    return policy, None
 
 
 def load_resources(cfg: Config) -> Resources:

@@ -137,7 +137,7 @@ def check_model(cfg: Config) -> tuple[Check, ModelShape | None]:
 
 
 def check_data(cfg: Config) -> Check:
-    from tg.data import DataError, split_file
+    from tg.data import DataError, load_questions, split_file
     from tg.world import resolve
     d = cfg.data
     if d.source == "synthetic":
@@ -147,7 +147,11 @@ def check_data(cfg: Config) -> Check:
     except DataError:
         return Check("data", "FAIL", f"no train/test files under {d.data_dir}",
                      fix=f"tg data prepare --setting {d.setting} --out {d.data_dir}")
-    return Check("data", "ok", ", ".join(str(f) for f in files))
+    try:
+        counts = [len(load_questions(f)) for f in files]  # every row read and checked, as training will
+    except DataError as err:
+        return Check("data", "FAIL", str(err), fix=f"tg data prepare --setting {d.setting} --out {d.data_dir}")
+    return Check("data", "ok", ", ".join(f"{f} ({n:,} questions)" for f, n in zip(files, counts)))
 
 
 def check_retriever(cfg: Config) -> Check:

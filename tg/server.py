@@ -17,8 +17,13 @@ the title on the first line of `contents`; tg's server also sends an explicit `t
 
 Departures from Search-R1's server, numbered:
 1. A retriever without scores answers `"score": null` (Search-R1's clients ignore the score).
-2. Bad requests get a 400 with {"error": ...} instead of FastAPI's 422; other paths get a 404.
-3. Binding a non-loopback address needs `allow_remote=True`: the server has no authentication.
+2. Bad requests get a 400 with {"error": ...} instead of FastAPI's 422; other paths get a 404. `topk` must be
+   a positive integer (or absent/null: the server's default) and `return_scores` a JSON boolean; FastAPI
+   would coerce "no" to false. A body over `MAX_BODY` bytes gets a 413.
+3. Binding a non-loopback address needs `allow_remote=True` (`tg retriever serve --allow-remote`): the server
+   has no authentication.
+4. A client that sends less than its Content-Length is answered 400 after `read_timeout` seconds, so a
+   truncated request never holds a handler thread.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 from urllib.parse import urlsplit
 
 from tg.retrieval import Retriever, doc_title
@@ -49,6 +54,10 @@ class RetrieverUnavailableError(ConnectionError):
 
 class RetrieverResponseError(ValueError):
     """The retrieval server answered, but not in the Search-R1 `/retrieve` format."""
+
+
+class ServerStartError(ValueError):
+    """The retrieval server cannot listen where asked (a non-loopback host without consent, a taken port)."""
 
 
 def _garbage(url: str, why: str) -> RetrieverResponseError:
@@ -137,17 +146,35 @@ class HTTPRetriever:
 
 # ---- the server ---------------------------------------------------------------------------------
 
-def _read_request(body: bytes, default_topk: int) -> tuple[list[str], int, bool]:
-    """Validate a `/retrieve` request body; ValueError says what is wrong."""
-    data = json.loads(body)
+MAX_BODY = 1 << 26
+"""Largest request body accepted (64 MiB; a batch of 512 queries is well under 1 MiB)."""
+
+
+def read_request(body: bytes, default_topk: int) -> tuple[list[str], int, bool]:
+    """Validate a `/retrieve` request body into (queries, topk, return_scores); ValueError says what is wrong."""
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, RecursionError) as e:  # json.JSONDecodeError is a ValueError already
+        raise ValueError(f"body is not JSON ({type(e).__name__})") from e
     if not isinstance(data, dict):
         raise ValueError("body must be a JSON object")
-    queries, topk = data.get("queries"), data.get("topk") or default_topk
+    queries, topk, scores = data.get("queries"), data.get("topk"), data.get("return_scores", False)
+    topk = default_topk if topk is None else topk
     if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
         raise ValueError("`queries` must be a list of strings")
     if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
-        raise ValueError("`topk` must be a positive integer")
-    return queries, topk, bool(data.get("return_scores", False))
+        raise ValueError(f"`topk` must be a positive integer, got {json.dumps(topk)[:50]}")
+    if not isinstance(scores, bool):
+        raise ValueError(f"`return_scores` must be true or false, got {json.dumps(scores)[:50]}")
+    return queries, topk, scores
+
+
+class _Refused(Exception):
+    """A request whose body cannot be read as declared: answered with `code`, then the connection closes."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def _encode(docs: list[dict[str, Any]], return_scores: bool) -> list[Any]:
@@ -160,12 +187,18 @@ def _encode(docs: list[dict[str, Any]], return_scores: bool) -> list[Any]:
 class _Handler(BaseHTTPRequestHandler):
     server: "_Server"
 
+    def setup(self) -> None:
+        self.timeout = self.server.read_timeout  # StreamRequestHandler.setup applies it to the socket
+        super().setup()
+
     def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
         if self.path.rstrip("/") != "/retrieve":
             return self._send(404, {"error": f"unknown path {self.path}; POST /retrieve"})
         try:
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            queries, topk, scores = _read_request(body, self.server.default_topk)
+            queries, topk, scores = read_request(self._body(), self.server.default_topk)
+        except _Refused as e:  # the stream is out of step with the headers: end the connection
+            self.close_connection = True
+            return self._send(e.code, {"error": str(e)})
         except ValueError as e:  # includes json.JSONDecodeError
             return self._send(400, {"error": f"bad request: {e}"})
         try:
@@ -177,13 +210,35 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(500, {"error": f"retriever failed: {type(e).__name__}: {e}"})
         self._send(200, payload)
 
+    def _body(self) -> bytes:
+        """The request body, read within the server's read_timeout; `_Refused` when Content-Length is not a
+        non-negative integer, is over MAX_BODY, or promises more bytes than arrive."""
+        declared = (self.headers.get("Content-Length") or "").strip()
+        if not (declared.isascii() and declared.isdigit()):
+            raise _Refused(400, f"bad request: Content-Length must be a non-negative integer, got {declared!r}")
+        size = int(declared)
+        if size > MAX_BODY:
+            raise _Refused(413, f"body of {size} bytes is over the {MAX_BODY}-byte limit")
+        try:
+            body = self.rfile.read(size)
+        except TimeoutError:
+            body = b""
+        if len(body) < size:
+            raise _Refused(400, f"bad request: the body is shorter than its Content-Length ({size}) or took over "
+                                f"{self.server.read_timeout} s")
+        return body
+
     def _send(self, code: int, payload: dict[str, Any]) -> None:
         body = json.dumps(payload).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except OSError as e:  # the client left (reset, broken pipe, timeout): nobody to answer
+            log.debug("could not answer %s: %s", self.address_string(), e)
+            self.close_connection = True
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's signature)
         log.debug("%s " + format, self.address_string(), *args)
@@ -191,10 +246,13 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 1024  # the listen backlog (socketserver's 5 resets bursts of concurrent clients)
 
-    def __init__(self, address: tuple[str, int], retriever: Retriever, default_topk: int) -> None:
+    def __init__(self, address: tuple[str, int], retriever: Retriever, default_topk: int,
+                 read_timeout: float) -> None:
         super().__init__(address, _Handler)
         self.retriever, self.default_topk, self.lock = retriever, default_topk, threading.Lock()
+        self.read_timeout = read_timeout
 
 
 def _is_loopback(host: str) -> bool:
@@ -207,19 +265,26 @@ def _is_loopback(host: str) -> bool:
 
 
 def make_server(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, default_topk: int = 3,
-                allow_remote: bool = False) -> ThreadingHTTPServer:
-    """A bound (not yet serving) `/retrieve` server; port 0 picks a free port (departure 3)."""
+                allow_remote: bool = False, read_timeout: float = 30.0) -> ThreadingHTTPServer:
+    """A bound (not yet serving) `/retrieve` server; port 0 picks a free port (departure 3). read_timeout:
+    seconds a client may take to send its request (departure 4)."""
     if not allow_remote and not _is_loopback(host):
-        raise ValueError(f"host {host!r} is not a loopback address; the server has no authentication. "
-                         "Pass allow_remote=True to expose it anyway.")
-    return _Server((host, port), retriever, default_topk)
+        raise ServerStartError(f"host {host!r} is not a loopback address and the server has no authentication: "
+                               "pass --allow-remote (allow_remote=True) to expose it anyway")
+    try:
+        return _Server((host, port), retriever, default_topk, read_timeout)
+    except OSError as e:  # port taken, address not on this machine, no permission
+        raise ServerStartError(f"cannot listen on {host}:{port} ({e.strerror or e}); pick another --port, "
+                               "or stop what holds this one") from e
 
 
 def serve(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, default_topk: int = 3,
-          allow_remote: bool = False) -> None:
-    """Answer POST /retrieve from `retriever` until interrupted (blocks)."""
+          allow_remote: bool = False, ready: Callable[[str], None] | None = None) -> None:
+    """Answer POST /retrieve from `retriever` until interrupted (blocks). Once the port is bound, `ready`
+    (default: the log) gets one line with the URL."""
     with make_server(retriever, host, port, default_topk, allow_remote) as server:
-        log.info("retrieval server on http://%s:%d/retrieve", host, server.server_address[1])
+        (ready or log.info)(f"serving {retriever.name} at http://{host}:{server.server_address[1]}/retrieve "
+                            "(Ctrl-C to stop)")
         try:
             server.serve_forever()
         except KeyboardInterrupt:
@@ -246,10 +311,10 @@ class BackgroundServer:
         self.stop()
 
 
-def start_background(retriever: Retriever, host: str = "127.0.0.1", port: int = 0,
-                     default_topk: int = 3) -> BackgroundServer:
+def start_background(retriever: Retriever, host: str = "127.0.0.1", port: int = 0, default_topk: int = 3,
+                     read_timeout: float = 30.0) -> BackgroundServer:
     """Start `serve` in a thread on a loopback port (0: a free one) and return its URL and stop handle."""
-    server = make_server(retriever, host, port, default_topk)
+    server = make_server(retriever, host, port, default_topk, read_timeout=read_timeout)
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), name="tg-retrieval-server",
                               daemon=True)  # poll 0.05 s: stop() returns quickly
     thread.start()

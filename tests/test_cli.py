@@ -1,0 +1,115 @@
+"""The command line: one line per user error (the traceback with --debug), `python -m tg`, every command's help,
+where `tg eval --policy` looks, and `tg retriever serve` saying where it serves only once it does."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tg import cli
+from tg.cli import main
+from tg.warmup import PolicyError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _stderr_line(capsys: pytest.CaptureFixture) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0]
+    return err[0]
+
+
+def test_python_m_tg_and_help_describe_every_command() -> None:
+    out = subprocess.run([sys.executable, "-m", "tg", "--help"], cwd=REPO, capture_output=True, text=True,
+                         check=True).stdout
+    sub = next(a for a in cli.parser()._actions if a.dest == "command")
+    assert len(sub.choices) == 11 and len(sub._choices_actions) == 11
+    assert all(a.help and a.dest in out for a in sub._choices_actions)
+
+
+@pytest.mark.parametrize("argv, shown", [
+    (["config", "--set", "optim.lr=abc"], "config field `optim.lr` = 'abc' is invalid: allowed a finite number"),
+    (["eval", "--policy", "runs/tree-typo"], "no run directory or checkpoint at runs/tree-typo"),
+    (["eval", "--policy", "/nonexistent"], "no run directory or checkpoint at /nonexistent"),
+])
+def test_a_user_error_is_one_line_and_debug_shows_the_traceback(argv, shown, capsys) -> None:
+    assert main(argv) == 2
+    line = _stderr_line(capsys)
+    assert line.startswith(f"tg: {shown}") and line.endswith("(--debug shows the traceback)")
+    with pytest.raises(ValueError, match="no run directory|invalid"):
+        main(["--debug", *argv])
+    with pytest.raises(ValueError, match="no run directory|invalid"):
+        main([*argv, "--debug"])
+
+
+@pytest.mark.parametrize("error", ["tg.data:DataError", "tg.server:RetrieverUnavailableError",
+                                   "tg.trainer:NonFiniteError", "tg.vllm_engine:VLLMSetupError"])
+def test_every_user_facing_error_class_is_caught(error, monkeypatch, capsys) -> None:
+    from tg import commands
+    module, name = error.split(":")
+    cls = getattr(pytest.importorskip(module), name)
+
+    def fail(cfg: object) -> None:
+        raise cls(f"{name} happened.\nDo this to fix it.")
+
+    monkeypatch.setattr(commands, "world", fail)
+    assert main(["world"]) == 1
+    assert _stderr_line(capsys) == f"tg: {name} happened. Do this to fix it. (--debug shows the traceback)"
+    monkeypatch.setattr(commands, "world", lambda cfg: 1 / 0)
+    with pytest.raises(ZeroDivisionError):  # a bug, not a user error: its traceback shows
+        main(["world"])
+
+
+def test_eval_policy_names_what_a_valid_one_looks_like(tmp_path: Path) -> None:
+    from tg.pipeline import policy_source
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "checkpoint.pt").write_bytes(b"")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    assert policy_source(str(tmp_path / "run")) == (None, tmp_path / "run" / "checkpoint.pt")
+    assert policy_source(str(tmp_path / "run" / "checkpoint.pt")) == (None, tmp_path / "run" / "checkpoint.pt")
+    assert policy_source(str(tmp_path / "model")) == (str(tmp_path / "model"), None)
+    assert policy_source("Qwen/Qwen2.5-1.5B") == ("Qwen/Qwen2.5-1.5B", None)
+    (tmp_path / "empty").mkdir()
+    for bad in ("empty", "empty/typo", "typo", "runs/tree-typo"):
+        path = str(tmp_path / bad) if bad.startswith("empty") else bad
+        with pytest.raises(PolicyError, match=r"no run directory or checkpoint at .* holding checkpoint\.pt"):
+            policy_source(path)
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("".join(json.dumps({"id": i, "contents": f'"{t}"\n{t} is a city.'}) + "\n"
+                            for i, t in enumerate(["Borv", "Kalden"])))
+    return path
+
+
+def test_retriever_serve_says_where_only_once_it_listens(corpus: Path, capsys, monkeypatch) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        assert main(["retriever", "serve", "--corpus", str(corpus), "--port", str(taken.getsockname()[1])]) == 1
+    out = capsys.readouterr()
+    assert "serving" not in out.out and "cannot listen on 127.0.0.1" in out.err
+    corpus.with_name("bad.jsonl").write_text("{oops\n")
+    assert main(["retriever", "serve", "--corpus", str(corpus.with_name("bad.jsonl"))]) == 1
+    assert "serving" not in capsys.readouterr().out
+
+    def serve_once(server: object, *args: object) -> None:  # instead of serving forever: check it listens
+        socket.create_connection(server.server_address[:2], timeout=5).close()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("tg.server._Server.serve_forever", serve_once)
+    assert main(["retriever", "serve", "--corpus", str(corpus), "--port", "0"]) == 0
+    assert "2 documents; serving bm25 at http://127.0.0.1:" in capsys.readouterr().out
+    assert main(["retriever", "serve", "--corpus", str(corpus), "--port", "0", "--host", "0.0.0.0"]) == 1
+    assert "--allow-remote" in _stderr_line(capsys)
+    assert main(["retriever", "serve", "--corpus", str(corpus), "--port", "0", "--host", "0.0.0.0",
+                 "--allow-remote"]) == 0
+    assert "serving bm25 at http://0.0.0.0:" in capsys.readouterr().out
