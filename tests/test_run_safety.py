@@ -25,7 +25,7 @@ HOLD = "import sys; from tg.rundir import run_lock\nwith run_lock(sys.argv[1]):\
 
 @pytest.mark.parametrize("value", ["-1", "0", "NaN"])
 def test_grad_clip_must_be_positive(cfg, value):
-    with pytest.raises(ConfigError, match=r"`optim.grad_clip` = .* allowed > 0") as err:
+    with pytest.raises(ConfigError, match=r"`optim.grad_clip` = .* allowed (> 0|a finite number)") as err:
         cfg.with_overrides(f"optim.grad_clip={value}")
     assert "\n" not in str(err.value)
 
