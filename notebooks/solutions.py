@@ -11,4 +11,15 @@ SOLUTIONS = {
     # 01: "The city of {g}, in {other}." normalises to [city, of, g, in, other]: 5 words, 1 shared with the
     # one-word gold. P = 1/5, R = 1/1, F1 = 2 (1/5) (1) / (1/5 + 1) = 1/3.
     "01-f1": (1 / 5, 1.0, 1 / 3),
+    # 02: (M, N, L) = (1, 3, 2): a tree has 1 + L N = 7 leaves, a prompt M (1 + L N) = 7 trajectories,
+    # and costs M (1 + L N / 2) = 4 chains.
+    "02-tree-shape": (7, 7, 4.0),
+    # 03: intra, tree 0 [1, 0, 0]: mean 1/3, std sqrt(((2/3)^2 + 2 (1/3)^2) / 2) = sqrt(1/3); tree 1 [1, 1, 0]:
+    # mean 2/3, the same std. Inter, all six: mean 1/2, std sqrt(6 (1/2)^2 / 5) = sqrt(0.3). Total = intra + inter.
+    "03-advantages": (
+        [a / (1 / 3) ** 0.5 for a in (2 / 3, -1 / 3, -1 / 3, 1 / 3, 1 / 3, -2 / 3)],
+        [(r - 0.5) / 0.3 ** 0.5 for r in (1, 0, 0, 1, 1, 0)],
+        [a / (1 / 3) ** 0.5 + (r - 0.5) / 0.3 ** 0.5
+         for a, r in zip((2 / 3, -1 / 3, -1 / 3, 1 / 3, 1 / 3, -2 / 3), (1, 0, 0, 1, 1, 0))],
+    ),
 }
