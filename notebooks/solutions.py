@@ -22,4 +22,6 @@ SOLUTIONS = {
         [a / (1 / 3) ** 0.5 + (r - 0.5) / 0.3 ** 0.5
          for a, r in zip((2 / 3, -1 / 3, -1 / 3, 1 / 3, 1 / 3, -2 / 3), (1, 0, 0, 1, 1, 0))],
     ),
+    # 04: 2 (1 + N / 2) = 8 gives N = 6; the tree (2, 6, 1) yields 2 (1 + 6) = 14 trajectories per question.
+    "04-budget-8": (6, 14),
 }
