@@ -24,4 +24,6 @@ SOLUTIONS = {
     ),
     # 04: 2 (1 + N / 2) = 8 gives N = 6; the tree (2, 6, 1) yields 2 (1 + 6) = 14 trajectories per question.
     "04-budget-8": (6, 14),
+    # 07: in Table 3 the tree (2, 2, 1) at budget 4 already beats the chain at 16 on multi-hop (36.8 > 33.9).
+    "07-quarter-budget": 4,
 }
