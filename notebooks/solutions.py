@@ -7,6 +7,16 @@ check against a worked answer. A value is the answer (a tuple when the exercise 
 a callable receives the keyword arguments the notebook passes to `exercise`.
 """
 
+
+def lora_parameters(config, r: int, targets: tuple[str, ...]) -> int:
+    """05: r (d_in + d_out) per targeted projection and layer; k and v map to num_kv_heads x head_dim."""
+    h, inter = config.hidden_size, config.intermediate_size
+    kv = config.num_key_value_heads * (h // config.num_attention_heads)
+    shapes = {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h),
+              "gate_proj": (h, inter), "up_proj": (h, inter), "down_proj": (inter, h)}
+    return config.num_hidden_layers * r * sum(sum(shapes[t]) for t in targets)
+
+
 SOLUTIONS = {
     # 01: "The city of {g}, in {other}." normalises to [city, of, g, in, other]: 5 words, 1 shared with the
     # one-word gold. P = 1/5, R = 1/1, F1 = 2 (1/5) (1) / (1/5 + 1) = 1/3.
@@ -25,5 +35,12 @@ SOLUTIONS = {
     # 04: 2 (1 + N / 2) = 8 gives N = 6; the tree (2, 6, 1) yields 2 (1 + 6) = 14 trajectories per question.
     "04-budget-8": (6, 14),
     # 07: in Table 3 the tree (2, 2, 1) at budget 4 already beats the chain at 16 on multi-hop (36.8 > 33.9).
+    # 05: r A = 0.7 (-0.5) = -0.35 and clip(0.7, 0.8, 1.2) A = 0.8 (-0.5) = -0.4; the min is -0.4, the clipped
+    # branch: flat in r, so no gradient. On the CPU preset LoRA has 4 * 16 * (256 + 2 * 192 + 256 + 3 * 640) = 180,224.
+    "05-clip": (-0.4, False),
+    "05-lora-parameters": lora_parameters,
+    # 06: the paper preset samples 512 prompts x (2, 2, 1) trees: 512 * 2 * (1 + 1 * 2) = 3,072 rows; its budget,
+    # 2 (1 + 2 / 2) = 4 chains, is matched by chain GRPO with a group of 4.
+    "06-paper-step": (3072, 4),
     "07-quarter-budget": 4,
 }

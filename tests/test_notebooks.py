@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 README = ROOT / "notebooks" / "README.md"
 MAX_FUNCTION_LINES = 10
+MAX_LINE = 120
 STALE = {
     "a date": re.compile(r"\b20\d\d-\d\d-\d\d\b"),
     "a working-note file": re.compile(r"PAPER\.md|NOTES\.md|STYLE\.md|\.\./shared|shared/"),
@@ -63,7 +64,8 @@ def _solutions() -> dict:
 
 
 def _exercise_calls(path: Path) -> list[ast.Call]:
-    return [n for n in ast.walk(_code_tree(path)) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "exercise"]
+    calls = [n for n in ast.walk(_code_tree(path)) if isinstance(n, ast.Call)]
+    return [c for c in calls if getattr(c.func, "id", "") == "exercise"]
 
 
 def test_there_are_seven_notebooks():
@@ -76,6 +78,12 @@ def test_outputs_are_stripped(path):
     dirty = [i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code" and (c.get("outputs") or
                                                                                 c.get("execution_count"))]
     assert not dirty, f"{path.name}: cells {dirty} carry outputs; strip them before committing"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_code_lines_fit(path):
+    long = [line for cell in _cells(path) for line in cell.splitlines() if len(line) > MAX_LINE]
+    assert not long, f"{path.name}: {len(long)} code lines over {MAX_LINE} characters, e.g. {long[0]!r}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
