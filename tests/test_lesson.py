@@ -1,4 +1,6 @@
-"""tg.lesson: the exercise self-check (blank -> NotAnswered, or the solution under TG_SOLUTIONS=1)."""
+"""tg.lesson: the exercise self-check (blank -> NotAnswered, or the solution under TG_SOLUTIONS=1) and set-up."""
+
+import os
 
 import pytest
 
@@ -38,5 +40,13 @@ def test_the_test_runner_fills_blanks_from_the_solutions(solutions, monkeypatch)
 
 
 def test_the_repository_runs_notebooks_with_solutions():
-    import os
     assert os.environ.get(lesson.SOLUTIONS_ENV) == "1"   # set by the root conftest.py for every pytest call
+
+
+def test_setup_without_policy_gives_the_config_only(capsys):
+    lab = lesson.setup("cpu", policy=False, threads=None)
+    assert lab.cfg.preset == "cpu" and lab.res is None and lab.model is None
+    assert capsys.readouterr().out.startswith(str(lab.cfg).splitlines()[0])   # the config is printed first
+    a, b = lab.rollout_kw(), lab.rollout_kw()
+    assert a["rng"] is not b["rng"] and a["rng"].random() == b["rng"].random()   # a fresh rng, the same seed
+    assert a["node_rule"] == lab.cfg.tree.node_rule and a["sampling"] == lab.sampling
