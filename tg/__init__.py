@@ -18,6 +18,7 @@ Where the paper lives in the code (two files hold the algorithm: `tree.py` and `
     estimate.py   memory and wall-time arithmetic of a one-GPU run (pure); preflight.py: the checks
     doctor.py     installed versions against the tested matrix
     mini.py       the paper's claims in miniature: named experiment grids (`tg mini`); summary.py reads them back
+    lesson.py     the notebooks' set-up in one call (`setup`) and self-checking exercises (`exercise`)
 
 Glossary (paper symbol -> config field -> argument):
 
