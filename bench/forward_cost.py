@@ -1,6 +1,6 @@
 """Where a rollout's time goes, forward by forward: chain G=4 vs tree (2,2,1) on the HF engine.
 
-Issue 4's wall-time goal (tree (2,2,1) at most 0.8x the chains' time per trajectory) is missed at
+The rollout's wall-time goal (tree (2,2,1) at most 0.8x the chains' time per trajectory) is missed at
 about 0.84x (`bench/rollout.py`). The tree needs more decode forwards than the chains, because its
 expansion round starts after the last seed chain ends; starting a tree's expansion as soon as its own
 seed chains end would merge those forwards into the seed round's. This script bounds what that can

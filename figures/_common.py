@@ -1,6 +1,6 @@
 """What every figure script shares: where the data lives, how it is read, labelled and saved.
 
-Results are data, figures are code (STYLE.md, principle 11). A figure script reads only CSVs:
+Results are data, figures are code. A figure script reads only CSVs:
 - `results/paper/*.csv`: the PAPER's numbers (arXiv 2509.21240 v3, transcribed; see
   `results/paper/README.md`), always labelled `PAPER`;
 - `results/*.csv`, `results/mini/*.csv`: rows that `tg` measured, labelled `tg (<preset>, <date>)`.

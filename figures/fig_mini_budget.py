@@ -1,4 +1,4 @@
-"""The miniature's headline (issue 6, claims 2 and 6): chain GRPO (G=4) vs Tree-GRPO (2,2,1) at the
+"""The miniature's headline (claims 2 and 6): chain GRPO (G=4) vs Tree-GRPO (2,2,1) at the
 paper's budget of about 4, multi-hop from a moderate and a hard-exploration start, and single-hop.
 
 Reads results/mini/budget.csv alone (`tg mini run budget`). Top row: greedy test EM against training

@@ -1,11 +1,11 @@
-"""The miniature of claim 1 (issue 6): what a fixed budget buys as chains and as trees.
+"""The miniature of claim 1: what a fixed budget buys as chains and as trees.
 
 Reads results/mini/ledger.csv alone (`tg mini run ledger`): one batch of rollouts per (shape, regime,
 seed) from the warmed-up policy, counted by the budget ledger. Panels against the chain-equivalent
 budget M (1 + L N / 2): trajectories per question, generated tokens per trajectory, searches per
 trajectory; chains are circles, trees squares (one marker per Table 3 shape), filled for the moderate
 start and hollow for the hard one; mean over seeds. The paper's statement for (2,2,1) vs 4 chains
-(1.5x the trajectories, PAPER.md 1.2) is drawn as text, labelled. Writes figures/fig_mini_ledger.png.
+(1.5x the trajectories, docs/paper.md#budget) is drawn as text, labelled. Writes figures/fig_mini_ledger.png.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The miniature of claim 7 (issue 6): Proposition 3.1 checked on random toy trees and policies.
+"""The miniature of claim 7: Proposition 3.1 checked on random toy trees and policies.
 
 Reads results/mini/theory.csv alone (`tg mini run theory`): for each seed, the largest absolute
 difference between autograd's intra-tree GRPO gradient and p(win) p(loss) g, between step-level DPO's

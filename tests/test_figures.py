@@ -130,7 +130,7 @@ def test_every_script_is_listed_and_documented():
 def test_paper_copies_match_the_shared_transcription():
     shared = ROOT.parent / "shared" / "paper"
     if not shared.exists():
-        pytest.skip("no ../shared/paper in this checkout")
+        pytest.skip("the paper's tables are not in this checkout")
     for path in (ROOT / "results" / "paper").glob("*.csv"):
         assert path.read_bytes() == (shared / path.name).read_bytes(), path.name
 
