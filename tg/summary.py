@@ -1,5 +1,5 @@
-"""Reading `tg mini`'s CSVs back (results/mini/<experiment>.csv): per-claim summaries over seeds, and
-the markdown tables that results/mini/README.md quotes (`tg mini report`)."""
+"""Reading `tg mini`'s CSVs back (results/mini/<experiment>.csv): per-grid summaries over seeds, and the
+markdown tables of results/mini/README.md's report (`tg mini report`; the claims' verdicts are `tg.claims`)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def ledger_summary(df: pd.DataFrame) -> pd.DataFrame:
     chains = g[g["N"] == 0].set_index(["regime", "M"])
     for col, name in (("trajectories_per_q", "traj_ratio"), ("generated_per_traj", "tokens_per_traj_ratio"),
                       ("calls_per_traj", "calls_per_traj_ratio"), ("generated_per_q", "tokens_per_q_ratio"),
-                      ("seconds_per_q", "seconds_per_q_ratio")):
+                      ("prefill_computed_per_q", "prefill_per_q_ratio"), ("seconds_per_q", "seconds_per_q_ratio")):
         g[name] = [r[col] / chains.loc[(r["regime"], matched_chain_group(r["M"], r["N"], r["L"]) if r["N"] else r["M"]),
                                        col] for _, r in g.iterrows()]
     return g
@@ -97,7 +97,8 @@ QUARTER_BUDGET = {"tree (2,2,1)": "chain-16"}
 """Claim 3's "quarter budget": the tree at budget 4 against the chain at 16 (sweep)."""
 
 
-def _markdown(header: list[str], rows: list[list[str]]) -> str:
+def markdown(header: list[str], rows: list[list[str]]) -> str:
+    """A markdown table: the header, the separator, one line per row of cells."""
     return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
                      + ["| " + " | ".join(r) + " |" for r in rows])
 
@@ -111,20 +112,22 @@ def report(name: str, root: str | Path | None = None) -> str:
                 f"intra {worst.intra_err:.1e}, DPO {worst.dpo_err:.1e}, ratio {worst.ratio_err:.1e} "
                 f"(gradient norms {df.grad_scale.min():.2f}..{df.grad_scale.max():.2f})")
     if name == "ledger":
-        return _markdown(["start", "(M,N,L)", "budget", "trajectories/q", "generated/traj", "searches/traj",
-                          "x trajectories", "x generated/traj", "x searches/traj"],
-                         [[r.regime, f"({r.M},{r.N},{r.L})", f"{r.budget:g}", f"{r.trajectories_per_q:.1f}",
-                           f"{r.generated_per_traj:.1f}", f"{r.calls_per_traj:.2f}", f"{r.traj_ratio:.2f}",
-                           f"{r.tokens_per_traj_ratio:.2f}", f"{r.calls_per_traj_ratio:.2f}"]
-                          for r in ledger_summary(df).itertuples()])
+        return markdown(["start", "(M,N,L)", "budget", "trajectories/q", "generated/traj", "searches/traj",
+                         "x trajectories", "x generated/traj", "x searches/traj", "x generated/q", "x prefill/q",
+                         "x seconds/q"],
+                        [[r.regime, f"({r.M},{r.N},{r.L})", f"{r.budget:g}", f"{r.trajectories_per_q:.1f}",
+                          f"{r.generated_per_traj:.1f}", f"{r.calls_per_traj:.2f}", f"{r.traj_ratio:.2f}",
+                          f"{r.tokens_per_traj_ratio:.2f}", f"{r.calls_per_traj_ratio:.2f}",
+                          f"{r.tokens_per_q_ratio:.2f}", f"{r.prefill_per_q_ratio:.2f}", f"{r.seconds_per_q_ratio:.2f}"]
+                         for r in ledger_summary(df).itertuples()])
     if name == "budget":
-        return _markdown(["setting", "start", "step", "start EM", "chain EM (mean ± sd, n)", "tree EM (mean ± sd, n)",
-                          "tree - chain (paired, ± se)", "tree wins", "searches/q chain, tree"],
-                         [[r.setting, r.regime, str(r.step), f"{r.start_em:.1f}",
-                           f"{r.chain_em:.1f} ± {r.chain_sd:.1f} ({r.chain_n:.0f})",
-                           f"{r.tree_em:.1f} ± {r.tree_sd:.1f} ({r.tree_n:.0f})", f"{r.diff:+.1f} ± {r.diff_se:.1f}",
-                           f"{r.tree_wins:.0f}/{r.pairs:.0f}", f"{r.chain_calls:.2f}, {r.tree_calls:.2f}"]
-                          for r in budget_summary(df).itertuples()])
+        return markdown(["setting", "start", "step", "start EM", "chain EM (mean ± sd, n)", "tree EM (mean ± sd, n)",
+                         "tree - chain (paired, ± se)", "tree wins", "searches/q chain, tree"],
+                        [[r.setting, r.regime, str(r.step), f"{r.start_em:.1f}",
+                          f"{r.chain_em:.1f} ± {r.chain_sd:.1f} ({r.chain_n:.0f})",
+                          f"{r.tree_em:.1f} ± {r.tree_sd:.1f} ({r.tree_n:.0f})", f"{r.diff:+.1f} ± {r.diff_se:.1f}",
+                          f"{r.tree_wins:.0f}/{r.pairs:.0f}", f"{r.chain_calls:.2f}, {r.tree_calls:.2f}"]
+                         for r in budget_summary(df).itertuples()])
     table = _cell_table(df, REFERENCES.get(name))
     if name != "sweep":
         return table
@@ -141,7 +144,23 @@ def _cell_table(df: pd.DataFrame, ref: str | Mapping[str, str] | None, cells: li
         against = refs.pop() if len(refs) == 1 else "the chain of its budget"
     paired = [f"{r.diff:+.1f} ± {r.diff_se:.1f} ({r.ahead:.0f}/{r.pairs:.0f} ahead)"
               if pd.notna(r.diff) and r.cell.rpartition("/")[2] != ref else "" for r in rows.itertuples()]
-    return _markdown(["cell", "step", "multi-hop EM (mean ± sd)", "seeds", f"- {against} (paired ± se)",
-                      "searches / multi-hop q", "generated tokens / training q"],
-                     [[r.cell, str(r.step), f"{r.em:.1f} ± {r.sd:.1f}", str(r.n), d, f"{r.calls:.2f}", f"{r.generated:.0f}"]
-                      for r, d in zip(rows.itertuples(), paired)])
+    return markdown(["cell", "step", "multi-hop EM (mean ± sd)", "seeds", f"- {against} (paired ± se)",
+                     "searches / multi-hop q", "generated tokens / training q"],
+                    [[r.cell, str(r.step), f"{r.em:.1f} ± {r.sd:.1f}", str(r.n), d, f"{r.calls:.2f}", f"{r.generated:.0f}"]
+                     for r, d in zip(rows.itertuples(), paired)])
+
+
+def cost_table(frames: Mapping[str, pd.DataFrame]) -> str:
+    """Per training grid (`frames`: name -> rows): the runs it trained itself (rows of a run's last step not
+    copied from another grid), their training step time (`train_s`: rollout, log-prob and update seconds) in
+    all, and per run (median, range)."""
+    rows = []
+    for name, df in frames.items():
+        if "train_s" not in df:
+            continue
+        own = df[df["step"] > 0]
+        own = own[own["step"] == own.groupby(["cell", "seed"])["step"].transform("max")]
+        own = own[own["reused_from"].isna()] if "reused_from" in own else own
+        s = own["train_s"].astype(float)
+        rows.append([name, str(len(s)), f"{s.sum() / 3600:.1f}", f"{s.median():.0f}", f"{s.min():.0f}-{s.max():.0f}"])
+    return markdown(["grid", "runs trained", "step time, hours in all", "per run, median s", "per run, range s"], rows)
