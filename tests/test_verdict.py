@@ -76,3 +76,4 @@ def test_verdict_rules():
     assert claim_verdict(["opposite", "not shown"]) == "opposite"
     assert claim_verdict(["holds", "opposite"]) == "mixed"
     assert claim_verdict(["not shown", "not run"]) == "not shown"
+    assert claim_verdict(["not run", "not run"]) == "not run"

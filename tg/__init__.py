@@ -18,6 +18,8 @@ Where the paper lives in the code (two files hold the algorithm: `tree.py` and `
     estimate.py   memory and wall-time arithmetic of a one-GPU run (pure); preflight.py: the checks
     doctor.py     installed versions against the tested matrix
     mini.py       the paper's claims in miniature: named experiment grids (`tg mini`); summary.py reads them back
+    claims.py     the claims table: the declared family of comparisons and their verdicts; report.py writes it
+    verdict.py    paired t-test, Holm's correction, the verdict rule (pure)
     lesson.py     the notebooks' set-up in one call (`setup`) and self-checking exercises (`exercise`)
 
 Glossary (paper symbol -> config field -> argument):

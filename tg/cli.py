@@ -12,7 +12,7 @@
     tg data prepare --setting single-hop|multi-hop --out DIR [--source HUB_ID|LOCAL_DIR]
     tg data corpus  --out DIR [--source HUB_ID|wiki-18.jsonl.gz] [--index]   wiki-18 (+ its BM25 index)
     tg retriever serve --corpus corpus.jsonl [--port 8000] [--host H --allow-remote]
-    tg mini     list | run EXPERIMENT [--workers 2] [--root DIR] | report [EXPERIMENT]
+    tg mini     list | run EXPERIMENT [--workers 2] [--root DIR] | report [EXPERIMENT] [--readme]
                 the claims in miniature (results/mini/; --root DIR: DIR/results/mini/)
 
 `python -m tg ...` is the same command. A mistake in the input (a config value, a data file, a policy path,
@@ -164,6 +164,8 @@ def _add_mini(sub: Any) -> None:
                    help="run only this cell (repeatable): a name or its last parts, e.g. --cell 'tree (1,2,1)' (both "
                         "starts) --cell moderate/chain-16 (one); default all")
     m.add_argument("--root", metavar="DIR", help="read and write DIR/results/mini/ (default: this checkout's)")
+    m.add_argument("--readme", action="store_true",
+                   help="report: also rewrite the generated blocks of README.md and results/mini/README.md")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -192,19 +194,21 @@ def _dispatch(args: argparse.Namespace) -> int:
         commands.retriever_serve(args.corpus, args.host, args.port, args.allow_remote)
         return 0
     if args.command == "mini":
-        from tg import mini, summary
+        from tg import claims, mini, report, summary
         print(mini.describe(args.experiment), flush=True)
         if args.action == "run":
             if not args.experiment:
                 raise ConfigError("tg mini run needs an EXPERIMENT name; see `tg mini list`")
             cells = mini.select_cells(args.experiment, args.cell)
             mini.run_experiment(args.experiment, workers=args.workers, root=args.root, cells=cells)
-        if args.action == "report":
-            for name in [args.experiment] if args.experiment else list(mini.experiments()):
-                try:
-                    print(f"\n## {name}\n\n{summary.report(name, args.root)}")
-                except ConfigError as err:  # a grid not run yet: say so, report the others
-                    print(f"\n## {name}\n\nnot run yet: {err}")
+        if args.action == "report" and args.readme:
+            for path in report.write_readmes(args.root):
+                print(f"rewrote the generated block of {path}")
+            print(f"\n{claims.claims_report(args.root)}")
+        elif args.action == "report" and args.experiment:
+            print(f"\n## {args.experiment}\n\n{summary.report(args.experiment, args.root)}")
+        elif args.action == "report":
+            print(f"\n{report.full_report(args.root)}")
         return 0
     cfg = _config(args)
     print(cfg, flush=True)

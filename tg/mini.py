@@ -87,8 +87,7 @@ def experiments() -> dict[str, list[Cell]]:
     `ablation` (claim 4, Table 4: intra / inter / both at 3 and 7 leaves per tree), `shapes` (claim 5, Table 7
     at budget 4) and `sweep` (claim 3, Table 3: chain G vs tree (G/2, 2, 1) at budgets 2, 4, 8, 16)."""
     pair = {"chain": CHAIN4, "tree": TREE221}
-    # 5 seeds per cell, as declared; the first session's CPU time ran seeds 0-2 (0-3 from the hard start),
-    # and `tg mini run budget` adds the rest seed by seed (results/mini/README.md: seeds)
+    # 5 seeds per training cell (results/mini/README.md, protocol: seeds)
     budget = (_train_cells("moderate", "multi-hop", pair) + _train_cells("hard", "multi-hop", pair)
               + _train_cells("moderate", "single-hop", pair))
     ledger = [Cell(f"{regime}/({m},{n},{l})", "ledger", REGIMES[regime] + tree_shape(m, n, l),

@@ -119,7 +119,9 @@ def verdict(effect: float, p_adjusted: float, sign: int, alpha: float = ALPHA) -
 def claim_verdict(parts: Sequence[str]) -> str:
     """A claim made of several comparisons: 'holds' if every part holds, 'partly' if some hold and none is
     opposite, 'opposite' if some are opposite and none holds, 'mixed' if some hold and some are opposite,
-    'not shown' if none holds and none is opposite."""
+    'not shown' if none holds and none is opposite; 'not run' if no part has rows yet."""
+    if parts and all(p == "not run" for p in parts):
+        return "not run"
     held, against = parts.count("holds"), parts.count("opposite")
     if held == len(parts) and parts:
         return "holds"

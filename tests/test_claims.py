@@ -1,0 +1,108 @@
+"""The claims table (tg.claims, tg.report): the declared family against the grids, the rules of claims 1 and 7,
+and the generated README blocks against the committed CSVs."""
+
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tg import claims, mini, report
+from tg.config import ConfigError
+
+REPO = Path(__file__).parents[1]
+
+
+def test_the_family_names_declared_cells_once_each_and_every_statistical_claim():
+    grids = mini.experiments()
+    assert len(set(claims.FAMILY)) == len(claims.FAMILY)
+    assert {c for comp in claims.FAMILY for c in comp.claims} == {2, 3, 4, 5, 6}
+    for comp in claims.FAMILY:
+        names = {c.name for c in grids[comp.grid]}
+        for cell in (comp.cell, comp.reference):
+            assert f"{comp.setting}/{comp.regime}/{cell}" in names, (comp, cell)
+        assert comp.sign in (1, -1)
+
+
+def test_the_shared_comparison_is_one_set_of_runs():
+    """The ≈4 pair serves claims 2 and 3 once: the sweep's chain-4 and tree (2,2,1) rows are the budget grid's."""
+    frames = claims.load_frames(REPO)
+    for regime in claims.REGIMES:
+        for sweep_cell, budget_cell in (("chain-4", "chain"), ("tree (2,2,1)", "tree")):
+            def em(grid, cell):
+                rows = frames[grid][frames[grid]["cell"] == f"multi-hop/{regime}/{cell}"]
+                return rows.sort_values(["seed", "step"])[["seed", "step", "em_multi"]].to_numpy().tolist()
+            assert em("sweep", sweep_cell) == em("budget", budget_cell)
+
+
+def _rows(em: dict[str, list[float]], setting: str = "multi-hop", regime: str = "hard",
+          metric: str = "em_multi") -> pd.DataFrame:
+    return pd.DataFrame([{"cell": f"{setting}/{regime}/{c}", "seed": s, "step": claims.FINAL_STEP, metric: v}
+                         for c, values in em.items() for s, v in enumerate(values)])
+
+
+def test_evaluate_pairs_by_seed_and_corrects_over_the_family():
+    family = [claims.Comparison((2,), "g", "hard", "tree", "chain"),
+              claims.Comparison((5,), "g", "hard", "small", "tree", sign=-1),
+              claims.Comparison((3,), "g", "hard", "flat", "chain"),
+              claims.Comparison((3,), "missing", "hard", "tree", "chain")]
+    rows = _rows({"chain": [10, 12, 14, 11, 13], "tree": [13, 15.5, 17, 14.5, 16], "small": [20, 23, 24, 22, 25],
+                  "flat": [11, 11, 15, 10, 13]})
+    got = claims.evaluate({"g": rows}, family)
+    assert [r.verdict for r in got] == ["holds", "opposite", "not shown", "not run"]
+    assert got[0].test.effect == pytest.approx(3.2) and got[0].test.n == 5
+    assert got[3].test is None and got[3].p_holm == 1.0
+    assert got[0].p_holm == pytest.approx(min(1, 4 * got[0].test.p))   # m = 4: the missing one counts
+
+
+def test_a_difference_of_differences_pairs_seed_by_seed():
+    single = claims.Comparison((2,), "g", "moderate", "tree", "chain", metric="em_single", setting="single-hop")
+    both = claims.Comparison((2,), "g", "moderate", "tree", "chain", minus=single)
+    rows = pd.concat([_rows({"chain": [10, 10, 10], "tree": [13, 14, 15]}, regime="moderate"),
+                      _rows({"chain": [50, 50, 50], "tree": [51, 50, 52]}, "single-hop", "moderate", "em_single")])
+    assert claims.differences(rows, both).tolist() == [2.0, 4.0, 3.0]
+    assert both.label() == "(tree − chain, multi-hop EM) − (tree − chain, single-hop EM) (> 0)"
+
+
+def test_ledger_and_theory_rules():
+    def row(regime, seed, M, N, L, traj, gen, calls):
+        return dict(regime=regime, seed=seed, M=M, N=N, L=L, trajectories_per_q=traj, generated_per_traj=gen,
+                    calls_per_traj=calls)
+    ok = pd.DataFrame([row("hard", 0, 4, 0, 0, 4.0, 40.0, 2.0), row("hard", 0, 2, 2, 1, 6.0, 30.0, 1.0)])
+    assert claims.ledger_rule(ok)[1] == "holds" and "1.50-1.50x" in claims.ledger_rule(ok)[0]
+    bad = pd.concat([ok, pd.DataFrame([row("hard", 1, 4, 0, 0, 4.0, 40.0, 2.0),
+                                       row("hard", 1, 2, 2, 1, 6.0, 41.0, 1.0)])])
+    assert claims.ledger_rule(bad)[1] == "not shown"   # one seed's tree pays more tokens per trajectory
+    theory = pd.DataFrame(dict(intra_err=[1e-16, 2e-15], dpo_err=[0.0, 1e-16], ratio_err=[3e-16, 0.0]))
+    assert claims.theory_rule(theory)[1] == "holds"
+    assert claims.theory_rule(theory.assign(dpo_err=[0.0, 1e-9]))[1] == "not shown"
+
+
+@pytest.mark.parametrize("path", ["README.md", "results/mini/README.md"])
+def test_committed_readme_blocks_are_what_the_committed_csvs_give(path):
+    """Regenerate with `python -m tg mini report --readme` when this fails."""
+    name, block = report.blocks(REPO)[REPO / path]
+    assert report.block_text((REPO / path).read_text(), name) == block
+
+
+def test_report_readme_rewrites_the_blocks_in_place(tmp_path, capsys):
+    from tg.cli import main
+    shutil.copytree(REPO / "results" / "mini", tmp_path / "results" / "mini",
+                    ignore=shutil.ignore_patterns("README.md", "ablation.csv"))   # a grid not run yet
+    (tmp_path / "README.md").write_text("# x\n<!-- BEGIN claims (tg mini report --readme) -->\nSTALE\n"
+                                        "<!-- END claims -->\ntail\n")
+    (tmp_path / "results" / "mini" / "README.md").write_text(
+        "<!-- BEGIN report (tg mini report --readme) -->\n<!-- END report -->\n")
+    assert main(["mini", "report", "--readme", "--root", str(tmp_path)]) == 0
+    text = (tmp_path / "README.md").read_text()
+    assert text.startswith("# x\n") and text.endswith("<!-- END claims -->\ntail\n") and "STALE" not in text
+    assert "**not run** (0 of 10 hold)" in text and "not shown" in capsys.readouterr().out
+    assert "not run yet" in report.block_text((tmp_path / "results" / "mini" / "README.md").read_text(), "report")
+    assert main(["mini", "report", "--readme", "--root", str(tmp_path)]) == 0
+    assert (tmp_path / "README.md").read_text() == text   # a second run changes nothing
+    (tmp_path / "README.md").write_text("no markers\n")
+    stale = "<!-- BEGIN report (tg mini report --readme) -->\nstale\n<!-- END report -->\n"
+    (tmp_path / "results" / "mini" / "README.md").write_text(stale)
+    with pytest.raises(ConfigError, match="BEGIN claims"):
+        report.write_readmes(tmp_path)
+    assert (tmp_path / "results" / "mini" / "README.md").read_text() == stale   # no file is half done

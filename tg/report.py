@@ -1,0 +1,85 @@
+"""The generated parts of README.md and results/mini/README.md (`tg mini report --readme`).
+
+Each file holds its generated text between two markers, `<!-- BEGIN name (tg mini report --readme) -->` and
+`<!-- END name -->`; `write_readmes` replaces what lies between them by what the CSVs under results/mini/ give
+now, so no number in those tables is typed by hand, and a test checks that the committed text is what the
+committed CSVs give.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tg.claims import claims_report, load_frames
+from tg.config import ConfigError
+from tg.files import atomic_write_text
+from tg.summary import cost_table, report
+
+GRIDS: dict[str, str] = {
+    "ledger": "Claim 1: what a budget buys (`ledger.csv`, `figures/fig_mini_ledger.png`). One batch of rollouts "
+              "per (start, shape, seed), the trainer's step-0 sampling on the first 16 multi-hop training "
+              "questions, means over seeds. \"x\" columns are ratios to the chain of the same budget (for (6,3,1) "
+              "and (4,5,1) the chain of 16).",
+    "budget": "Claims 2 and 6: chain 4 against tree (2,2,1) (`budget.csv`, `figures/fig_mini_budget.png`). EM of "
+              "the setting's own test questions; tree − chain paired by seed (± standard error); the seeds where "
+              "the tree is ahead; searches per test question.",
+    "sweep": "Claim 3: chain G against tree (G/2,2,1) at budgets 2, 4, 8, 16 (`sweep.csv`, "
+             "`figures/fig_mini_sweep.png`), each tree paired by seed with the chain of its budget, and the tree "
+             "at 4 with the chain at 16.",
+    "ablation": "Claim 4: intra-tree, inter-tree and both advantages at (2,2,1) (3 leaves per tree, budget 4) and "
+                "(2,6,1) (7 leaves, budget 8), against chain 4 (`ablation.csv`, `figures/fig_table4_ablation.png`).",
+    "shapes": "Claim 5: Table 7's budget-4 shapes against chain 4 (`shapes.csv`, `figures/fig_table7_shapes.png`).",
+    "theory": "Claim 7: Proposition 3.1 on random toy trees with log-linear policies in float64 (`theory.csv`, "
+              "`figures/fig_mini_theory.png`): autograd's gradients of intra-tree GRPO and step-level DPO against "
+              "the closed forms.",
+}
+"""The grids of the full report, in the claims' order, with what each table shows (no numbers: those are data)."""
+
+
+def full_report(root: str | Path | None = None) -> str:
+    """The claims table, then every grid's table, then the training cost (results/mini/README.md's report)."""
+    parts = ["### The claims table", claims_report(root)]
+    for name, caption in GRIDS.items():
+        try:
+            table = report(name, root)
+        except ConfigError as err:  # a grid not run yet: say so, report the others
+            table = f"not run yet: {err}"
+        parts += [f"### {name}", caption, table]
+    parts += ["### Training cost", "Step time of the runs each grid trained itself (copied cells count where they "
+              "ran), as logged by the runs on a shared 2-core host, two workers at a time; it includes the time a run "
+              "shared the cores with other jobs or was stopped.", cost_table(load_frames(root))]
+    return "\n\n".join(parts)
+
+
+def blocks(root: str | Path | None = None) -> dict[Path, tuple[str, str]]:
+    """Each generated file under `root` (default: this checkout) -> (its block's name, the block's text)."""
+    from tg.world import resolve
+    base = Path(root) if root else resolve(".")
+    return {base / "README.md": ("claims", claims_report(root)),
+            base / "results" / "mini" / "README.md": ("report", full_report(root))}
+
+
+def replace_block(text: str, name: str, block: str) -> str:
+    """`text` with what lies between block `name`'s markers replaced by `block` (ConfigError when a marker is
+    missing or out of order)."""
+    begin, end = f"<!-- BEGIN {name} (tg mini report --readme) -->", f"<!-- END {name} -->"
+    head, found, rest = text.partition(begin)
+    _, found_end, tail = rest.partition(end)
+    if not (found and found_end):
+        raise ConfigError(f"no {begin} ... {end} block to write the generated text into")
+    return f"{head}{begin}\n{block}\n{end}{tail}"
+
+
+def block_text(text: str, name: str) -> str:
+    """What lies between block `name`'s markers in `text` (without the newlines next to the markers)."""
+    begin, end = f"<!-- BEGIN {name} (tg mini report --readme) -->", f"<!-- END {name} -->"
+    return text.partition(begin)[2].partition(end)[0].strip("\n")
+
+
+def write_readmes(root: str | Path | None = None) -> list[Path]:
+    """Regenerate every block in place (atomic writes); returns the files written."""
+    made = blocks(root)
+    texts = {path: replace_block(path.read_text(), name, block) for path, (name, block) in made.items()}
+    for path, text in texts.items():  # every file's markers are checked before any file is written
+        atomic_write_text(path, text)
+    return list(texts)
