@@ -38,10 +38,41 @@ def test_training_cell_writes_one_row_per_point_and_resumes(tmp_path):
     assert r["n_single"] == "3" and r["n_multi"] == "3" and 0 <= float(r["em_multi"]) <= 100
     assert float(r["trajectories_per_q"]) == 6.0 and float(r["train_s"]) > 0
     assert len(r["config_hash"]) == 12 and r["git_sha"] and r["date"]
-    before = path.read_text()
+    steps = _rows(mini.steps_path(path))                          # each step's training metrics, at full precision
+    assert [(r["cell"], r["seed"], r["step"]) for r in steps] == [(cell.name, "0", "1"), (cell.name, "0", "2")]
+    assert float(steps[0]["grad_norm"]) > 0 and repr(float(steps[0]["reward"])) == steps[0]["reward"]
+    before = path.read_text(), mini.steps_path(path).read_text()
     assert mini.pending_jobs("smoke", [cell], path) == []
     mini.run_experiment("smoke", workers=1, root=tmp_path, cells=[cell])
-    assert path.read_text() == before
+    assert (path.read_text(), mini.steps_path(path).read_text()) == before
+    _check_rerun(path, cell, tmp_path)
+
+
+def _check_rerun(path, cell, tmp_path):
+    """`tg mini rerun` retrains the committed row and finds every step and evaluation equal; a committed value
+    changed by one ulp, or a changed configuration, is reported."""
+    from unittest import mock
+
+    from tg import rerun
+    with mock.patch.object(rerun, "experiments", lambda: {"smoke": [cell]}):
+        lines = []
+        assert rerun.rerun(path, cell.name, 0, run_dir=tmp_path / "again", out=lines.append)
+        assert lines[-1] == "identical to the committed values" and sum("| yes |" in x for x in lines) == 2
+        assert sum(": equal" in x for x in lines) == 2
+        steps = mini.steps_path(path)
+        rows = _rows(steps)
+        rows[1]["kl"] = repr(float(rows[1]["kl"]) * (1 + 2 ** -52))
+        with steps.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        lines = []
+        assert not rerun.rerun(path, cell.name, 0, steps=2, run_dir=tmp_path / "third", out=lines.append)
+        assert sum("| no: kl |" in x for x in lines) == 1 and lines[-1] == "not identical to the committed values"
+    other = mini.Cell(cell.name, "train", cell.overrides + ("optim.lr=0.5",), seeds=(0,), points=cell.points)
+    with mock.patch.object(rerun, "experiments", lambda: {"smoke": [other]}), \
+            pytest.raises(ConfigError, match="was made with config .* cannot be rerun exactly"):
+        rerun.rerun(path, cell.name, 0)
 
 
 def test_declared_grids_and_regimes():

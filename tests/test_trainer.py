@@ -222,6 +222,46 @@ def test_packed_trees_train_like_rows(cfg, warm_policy_dir, make_env, train_ques
         assert packed_weights[k].float() == pytest.approx(w.float(), abs=0.1 * 1e-3), k
 
 
+@pytest.mark.parametrize("pack", [False, True])
+def test_update_equals_one_plain_masked_step(cfg, warm_policy_dir, make_env, train_questions, tmp_path, pack):
+    """The update's speed-ups (no attention mask for right-padded rows, trees ordered longest first into
+    micro-batches, packed trees) against the plain step they replace: every row in one forward with its
+    padding mask, in rollout order, the loss, one backward, clip, AdamW. Equal up to float summation order."""
+    from tg.loss import grpo_loss, token_logprobs
+    c = _cfg(cfg, finetune="full", prompts_per_step=4, mini_batch_prompts=4, micro_batch_rows=5, pack_trees=pack)
+    c = c.replace(tree=dict(M=2, N=2, L=1))
+    tr = _trainer(c, warm_policy_dir, make_env, train_questions, tmp_path / "fast")
+    plain = _trainer(c, warm_policy_dir, make_env, train_questions, tmp_path / "plain")
+    seen = []
+    update = tr.update
+    tr.update = lambda rows: seen.append(rows) or update(rows)
+    row = tr.step()
+    rows = seen[0]
+    assert len(set(rows.attn.sum(1).tolist())) > 1 and len(tr._micro_batches(rows)[0]) > 1  # padding, micro-batches
+    if pack:
+        assert any(mb.packed is not None for mb in tr._micro_batches(rows)[0])
+    o, model = c.optim, plain.policy.model
+    with torch.no_grad(), plain.policy.reference_context():
+        ref = token_logprobs(plain.policy.reference_model(input_ids=rows.ids, attention_mask=rows.attn).logits, rows.ids)
+    model.train()
+    logp = token_logprobs(model(input_ids=rows.ids, attention_mask=rows.attn).logits, rows.ids)
+    loss, stats = grpo_loss(logp, logp.detach(), rows.adv, rows.mask.float(), ref_logp=ref, clip_low=o.clip_low,
+                            clip_high=o.clip_high, agg=o.loss_agg, kl_beta=o.kl_beta)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(plain.policy.parameters(), o.grad_clip)
+    plain.optimizer.step()
+    assert row["loss"] == pytest.approx(float(loss.detach()), rel=1e-4, abs=1e-6)
+    assert row["kl"] == pytest.approx(stats["kl"], rel=1e-4, abs=1e-7)
+    moved = 0.0
+    for (k, w), before in zip(tr.policy.state_dict().items(), _trainer(c, warm_policy_dir, make_env, train_questions,
+                                                                       tmp_path / "start").policy.state_dict().values()):
+        moved = max(moved, float((w - before).abs().max()))
+        # AdamW's per-element normalisation turns float-order noise in near-zero gradient elements into a
+        # small share of the step size lr (as in test_packed_trees_train_like_rows)
+        assert w == pytest.approx(plain.policy.state_dict()[k], abs=0.1 * o.lr), k
+    assert moved > 0.5 * o.lr                                                   # the step did train
+
+
 def test_qlora_in_bf16_keeps_activations_in_bf16(cfg, warm_policy_dir):
     """QLoRA under bf16 (the GPU path): the base's non-4-bit weights stay bf16 and so do the activations.
     peft's prepare_model_for_kbit_training would cast them to fp32; on an H200 that ran attention

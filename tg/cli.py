@@ -13,6 +13,7 @@
     tg data corpus  --out DIR [--source HUB_ID|wiki-18.jsonl.gz] [--index]   wiki-18 (+ its BM25 index)
     tg retriever serve --corpus corpus.jsonl [--port 8000] [--host H --allow-remote]
     tg mini     list | run EXPERIMENT [--workers 2] [--root DIR] | report [EXPERIMENT] [--readme]
+                | rerun GRID CELL SEED [--steps K]
                 the claims in miniature (results/mini/; --root DIR: DIR/results/mini/)
 
 `python -m tg ...` is the same command. A mistake in the input (a config value, a data file, a policy path,
@@ -157,8 +158,12 @@ def _add_data_and_retriever(sub: Any) -> list[argparse.ArgumentParser]:
 
 def _add_mini(sub: Any) -> None:
     m = sub.add_parser("mini", help="the paper's claims in miniature: named grids -> results/mini/<name>.csv")
-    m.add_argument("action", choices=("list", "run", "report"))
-    m.add_argument("experiment", nargs="?", help="budget, ledger, theory, shapes, ablation, sweep (see `tg mini list`)")
+    m.add_argument("action", choices=("list", "run", "report", "rerun"))
+    m.add_argument("experiment", nargs="?", help="budget, ledger, theory, shapes, ablation, sweep (see `tg mini list`); "
+                                                 "rerun: a grid name or its CSV")
+    m.add_argument("cell_seed", nargs="*", metavar="CELL SEED",
+                   help="rerun: the cell and seed of a committed training row, e.g. multi-hop/hard/tree 0")
+    m.add_argument("--steps", type=int, metavar="K", help="rerun: only the first K training steps")
     m.add_argument("--workers", type=int, default=2, help="processes, one torch thread each (default 2 = 2 cores)")
     m.add_argument("--cell", action="append", metavar="NAME",
                    help="run only this cell (repeatable): a name or its last parts, e.g. --cell 'tree (1,2,1)' (both "
@@ -193,6 +198,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "retriever":
         commands.retriever_serve(args.corpus, args.host, args.port, args.allow_remote)
         return 0
+    if args.command == "mini" and args.action == "rerun":
+        from tg import rerun
+        if len(args.cell_seed) != 2 or not args.cell_seed[1].isdigit():
+            raise ConfigError("tg mini rerun needs GRID CELL SEED, e.g. tg mini rerun budget multi-hop/hard/tree 0")
+        path = rerun.grid_csv(args.experiment or "", args.root)
+        return 0 if rerun.rerun(path, args.cell_seed[0], int(args.cell_seed[1]), steps=args.steps) else 1
     if args.command == "mini":
         from tg import claims, mini, report, summary
         print(mini.describe(args.experiment), flush=True)

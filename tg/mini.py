@@ -141,6 +141,16 @@ def describe(name: str | None = None) -> str:
     return "\n".join(lines)
 
 
+STEPS_KEY = "_steps"
+"""A training row carries its run's per-step metrics (tg.trainer.METRICS) since the previous evaluation point
+under this key; the parent writes them to `steps_path` (what `tg mini rerun` compares step by step)."""
+
+
+def steps_path(path: Path) -> Path:
+    """The per-step metrics beside a grid's CSV: results/mini/steps/<grid>.csv."""
+    return path.parent / "steps" / path.name
+
+
 def _row_key(row: dict) -> tuple[str, int, int]:
     return str(row["cell"]), int(row["seed"]), int(row["step"])
 
@@ -260,7 +270,10 @@ def run_job(job: Job, root: Path) -> Iterator[dict]:
         run = build_run(cfg, root / "runs" / "mini" / job.experiment / f"{job.cell.name}-s{job.seed}".replace("/", "_"))
         for p, metrics, result in train_and_evaluate(run, cfg, job.points, run.trainer.checkpoint_path.exists(),
                                                      progress=False):
-            yield {**_provenance(cfg, job.cell, job.seed, p), **_eval_columns(result), **_training_columns(metrics)}
+            prev = max((q for q in job.cell.points if q < p), default=0)
+            steps = [{"cell": job.cell.name, "seed": job.seed, **m} for m in metrics if prev < m["step"] <= p]
+            yield {**_provenance(cfg, job.cell, job.seed, p), **_eval_columns(result), **_training_columns(metrics),
+                   STEPS_KEY: steps}
 
 
 def ledger_columns(cfg: Config, n_questions: int = 16) -> dict:
@@ -379,6 +392,10 @@ def _collect(events: Any, path: Path, bar: Any, errors: list[str], n_jobs: int |
     finished, progressed = 0, {}
     for kind, job, payload in events:
         if kind == "row":
+            steps = payload.pop(STEPS_KEY, [])
+            done = done_keys(steps_path(path))
+            if new := [r for r in steps if _row_key(r) not in done]:  # steps first: a row means its steps are in
+                append_rows(steps_path(path), new)
             append_rows(path, [payload])
             step = int(payload["step"]) if job.cell.kind == "train" else 0
             bar.update(max(step - progressed.get(job, 0), 0))

@@ -65,9 +65,9 @@ METRICS: dict[str, str] = {
     "zero_std_inter": "share of questions whose leaves all have the same reward (no inter-tree signal)",
     "adv_mean": "mean advantage over rows", "adv_std": "std of the advantage over rows",
     "adv_intra_std": "std of the intra-tree part", "adv_inter_std": "std of the inter-tree part",
-    "loss": "total loss of the last mini-batch", "pg_loss": "policy-gradient part",
+    "loss": "total loss of the step's last mini-batch", "pg_loss": "policy-gradient part",
     "kl": "K3 KL to the reference, aggregated like the loss", "clip_frac": "share of policy tokens clipped",
-    "entropy": "mean policy entropy on policy tokens", "grad_norm": "global grad norm before clipping",
+    "entropy": "policy entropy on policy tokens, aggregated like the loss", "grad_norm": "global grad norm before clipping",
     "lr": "learning rate",
     "sync_maxdiff": "vLLM engine only: max |log-prob| gap on a probe between the engine and the trainer after sync",
     "rollout_s": "rollout wall seconds", "logprob_s": "reference (and old, with several mini-batches) log-prob seconds",
@@ -207,7 +207,8 @@ class Trainer:
         """The model inputs of the rows `idx`, built once per update (packing is not free: a trie over ids)."""
         width = int(rows.attn[idx].sum(1).max())
         ids, attn = rows.ids[idx, :width], rows.attn[idx, :width]
-        if not self.cfg.optim.pack_trees:
+        trees = [rows.tree[int(r)] for r in idx]
+        if not self.cfg.optim.pack_trees or len(set(trees)) == len(trees):  # no two rows share a tree: nothing to pack
             return Micro(idx, ids, attn)
         order = sorted(range(len(idx)), key=lambda i: rows.tree[int(idx[i])])  # stable: rows of a tree in order
         groups: dict[int, list[list[int]]] = {}
@@ -222,8 +223,9 @@ class Trainer:
         ids = mb.ids.to(dev)
         if mb.packed is not None:  # each tree's rows once, along their shared prefixes (tg.packing)
             logits = packed_row_logits(model, mb.packed)[mb.unpack.to(dev)]
-        else:
-            logits = model(input_ids=ids, attention_mask=mb.attn.to(dev)).logits
+        else:  # right-padded rows: under the causal mask no real token sees the padding after it, so no
+            # attention mask is passed and attention takes its causal kernel (the same logits, tested)
+            logits = model(input_ids=ids).logits
         return token_logprobs(logits, ids), logits
 
     @torch.no_grad()
@@ -250,13 +252,20 @@ class Trainer:
         return stats
 
     def _micro_batches(self, rows: Rows) -> list[list[Micro]]:
-        """Micro-batches per PPO mini-batch (consecutive questions)."""
+        """Micro-batches per PPO mini-batch (consecutive questions). Inside a mini-batch the trees go longest
+        first (by their longest row), a tree's rows together, so a micro-batch holds rows of like width and
+        little padding; the loss weights make the order immaterial up to float summation order."""
         o = self.cfg.optim
         q = torch.tensor(rows.question)
+        lens = rows.attn.sum(1).tolist()
+        longest: dict[int, int] = {}
+        for t, n in zip(rows.tree, lens):
+            longest[t] = max(longest.get(t, 0), n)
         firsts = sorted(set(rows.question))
         out = []
         for b in range(0, len(firsts), o.mini_batch_prompts):
-            idx = torch.nonzero(torch.isin(q, torch.tensor(firsts[b:b + o.mini_batch_prompts]))).flatten()
+            idx = torch.nonzero(torch.isin(q, torch.tensor(firsts[b:b + o.mini_batch_prompts]))).flatten().tolist()
+            idx = torch.tensor(sorted(idx, key=lambda r: (-longest[rows.tree[r]], rows.tree[r], r)))
             out.append([self._micro(rows, i) for i in idx.split(o.micro_batch_rows)])
         return out
 
@@ -274,9 +283,12 @@ class Trainer:
         stats: dict[str, float] = {}
         for mini in minis:
             total = sum(float(sizes[mb.idx].sum()) for mb in mini)
+            stats = {}
             for mb in mini:
-                stats = self._micro_loss(rows, mb, next(old) if old else None, next(ref) if ref else None,
-                                         float(sizes[mb.idx].sum()) / total)
+                weight = float(sizes[mb.idx].sum()) / total
+                part = self._micro_loss(rows, mb, next(old) if old else None, next(ref) if ref else None, weight)
+                for k, v in part.items():  # the mini-batch's aggregate: micro-batch values weighted like the loss
+                    stats[k] = stats.get(k, 0.0) + weight * float(v)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), o.grad_clip)
             if not torch.isfinite(grad_norm):
                 self.optimizer.zero_grad(set_to_none=True)
