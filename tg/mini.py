@@ -217,12 +217,15 @@ def regime_of(cell: Cell) -> str:
 
 
 def _provenance(cfg: Config, cell: Cell, seed: int, step: int) -> dict:
+    """Which row this is and what made it; `machine` (CPU and torch's vector ISA) because floats depend on it."""
     from tg.evaluate import git_sha
+    from tg.warmup import machine
     t = cfg.tree
     return {"cell": cell.name, "seed": seed, "step": step, "regime": regime_of(cell), "setting": cfg.data.setting,
             **cell.labels, "M": t.M, "N": t.N, "L": t.L, "budget": t.chain_equivalent_budget,
             "advantage": "chain" if t.is_chain else cfg.optim.advantage, "preset": cfg.preset,
-            "config_hash": cfg.hash(), "git_sha": git_sha(), "date": _dt.date.today().isoformat()}
+            "config_hash": cfg.hash(), "git_sha": git_sha(), "date": _dt.date.today().isoformat(),
+            "machine": machine()}
 
 
 def _eval_columns(result: Any) -> dict:

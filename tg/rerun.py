@@ -101,7 +101,10 @@ def rerun(path: Path, cell_name: str, seed: int, steps: int | None = None, run_d
         raise DataError(f"{steps_path(c.path)}: no per-step metrics of {c.cell.name} seed {seed} to compare with")
     points = sorted({p for p in c.cell.points if steps is None or p <= steps} | ({steps} if steps else set()))
     run = build_run(cfg, run_dir or tempfile.mkdtemp(prefix="tg-rerun-"))
+    from tg.warmup import machine
+    made_on = next(iter(c.rows.values())).get("machine") or "an unrecorded machine"
     out(f"rerun of {c.path} {c.cell.name} seed {seed} (config {made}) in {run.trainer.run_dir}")
+    out(f"committed on {made_on}; now on {machine()}")
     out("| step | reward committed | reward now | grad_norm committed | grad_norm now | metrics equal |")
     out("|---|---|---|---|---|---|")
     equal, done = True, 0
