@@ -241,6 +241,12 @@ class OptimConfig:
     """Prompts per PPO mini-batch (paper: 64, i.e. 8 updates per step)."""
     micro_batch_rows: int = 32
     """Training rows per forward/backward (gradient accumulation fits memory)."""
+    rollout_shards: int = 1
+    """Split each step's prompts into this many equal shards, each rolled out from its own seed (tg.distributed):
+    a run on K ranks needs a multiple of K, and one process with the same value samples the same tokens."""
+    parallel: str = "auto"
+    """Several ranks: 'ddp' (replicated model, DistributedDataParallel), 'fsdp' (FSDP2 fully_shard: model,
+    gradients and optimiser state sharded; full fine-tuning only) or 'auto' (fsdp for full, ddp for LoRA / QLoRA)."""
     pack_trees: bool = False
     """Train each tree's rows in one packed sequence along their shared prefixes (tg.packing): the same
     log-probs up to float order, far fewer tokens for trees; chains are unchanged."""
@@ -290,6 +296,10 @@ class OptimConfig:
             _check(getattr(self, n) >= 1, f"optim.{n}", ">= 1", getattr(self, n))
         _check(self.prompts_per_step % self.mini_batch_prompts == 0, "optim.mini_batch_prompts",
                "a divisor of optim.prompts_per_step", self.mini_batch_prompts)
+        _check(self.rollout_shards >= 1 and self.mini_batch_prompts % self.rollout_shards == 0, "optim.rollout_shards",
+               "a divisor of optim.mini_batch_prompts (each shard gives every mini-batch the same share)",
+               self.rollout_shards)
+        _check(self.parallel in ("auto", "ddp", "fsdp"), "optim.parallel", "'auto', 'ddp', 'fsdp'", self.parallel)
         _check(self.lr > 0, "optim.lr", "> 0", self.lr)
         _check(self.weight_decay >= 0, "optim.weight_decay", ">= 0", self.weight_decay)
         _check(self.adv_eps > 0, "optim.adv_eps", "> 0 (it divides by std + adv_eps, and a group's std can be 0)",
@@ -324,7 +334,8 @@ class EvalConfig:
         _check(self.batch_size >= 1, "eval.batch_size", ">= 1", self.batch_size)
 
 
-ADDED_FIELDS: dict[tuple[str, str], Any] = {("optim", "pack_trees"): False}
+ADDED_FIELDS: dict[tuple[str, str], Any] = {("optim", "pack_trees"): False, ("optim", "rollout_shards"): 1,
+                                            ("optim", "parallel"): "auto"}
 """(group, field) -> default of the fields added after config hashes keyed committed results (Config.hash)."""
 
 
