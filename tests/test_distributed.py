@@ -86,7 +86,9 @@ def _launch(jobs: list[dict], out: Path) -> list[int]:
 
 
 def _single(finetune: str, run_dir: Path, resume: bool = False) -> tuple[dict, list[dict]]:
+    from tg.report import reporters
     tr = _trainer(_cfg(finetune), run_dir)
+    tr.reporters = reporters(["tensorboard"], run_dir)
     rows = tr.fit(resume=resume, progress=False)
     return {k: v.clone() for k, v in tr.policy.state_dict().items()}, rows
 
@@ -192,3 +194,13 @@ def test_world_size_sets_or_checks_the_shards():
         with_shards(cfg.replace(optim=dict(rollout_shards=2)), 4)
     with pytest.raises(ConfigError, match="optim.rollout_shards"):
         cfg.replace(optim=dict(rollout_shards=3))                            # 16 prompts per mini-batch
+
+
+def test_the_trainer_reports_each_step_to_tensorboard(runs):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    out, _, _, single = runs
+    acc = EventAccumulator(str(out / "single-full" / "tensorboard"))
+    acc.Reload()
+    rows = single["full"][1]
+    assert [(e.step, e.value) for e in acc.Scalars("train/reward")] == [(r["step"], pytest.approx(r["reward"]))
+                                                                       for r in rows]

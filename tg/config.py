@@ -440,10 +440,11 @@ _GROUP_TYPES = {"model": ModelConfig, "data": DataConfig, "warmup": WarmupConfig
                 "tree": TreeConfig, "optim": OptimConfig, "eval": EvalConfig}
 
 
-def _paper_1_5b(setting: str) -> dict[str, Any]:
-    """The paper's Qwen2.5-1.5B recipe (paper Table 5) adapted to one GPU; departures: docs/gpu.md."""
+def _paper(setting: str, model: str = "Qwen/Qwen2.5-1.5B") -> dict[str, Any]:
+    """The paper's recipe (paper Table 5) for one of its Table 1 models, adapted to one GPU with QLoRA;
+    departures: docs/gpu.md. `--recipe full` switches to the paper's full fine-tuning (RECIPES)."""
     return dict(
-        model=ModelConfig(name_or_path="Qwen/Qwen2.5-1.5B", finetune="qlora", dtype="auto", lora_r=64,
+        model=ModelConfig(name_or_path=model, finetune="qlora", dtype="auto", lora_r=64,
                           lora_alpha=128, gradient_checkpointing=True),
         data=DataConfig(source="files", setting=setting, data_dir=f"data/{setting}", retriever="http"),
         warmup=WarmupConfig(enabled=False),
@@ -459,10 +460,14 @@ def _paper_1_5b(setting: str) -> dict[str, Any]:
     )
 
 
+TABLE1_MODELS: dict[str, str] = {"1.5b": "Qwen/Qwen2.5-1.5B", "3b": "Qwen/Qwen2.5-3B", "llama-3b": "meta-llama/Llama-3.2-3B",
+                                  "7b": "Qwen/Qwen2.5-7B", "14b": "Qwen/Qwen2.5-14B"}
+"""The paper's Table 1 models by preset tag (paper-TAG-single-hop / paper-TAG-multi-hop)."""
+
 PRESETS: dict[str, dict[str, Any]] = {
     "cpu": {},
-    "paper-1.5b-single-hop": _paper_1_5b("single-hop"),
-    "paper-1.5b-multi-hop": _paper_1_5b("multi-hop"),
+    **{f"paper-{tag}-{setting}": _paper(setting, model) for tag, model in TABLE1_MODELS.items()
+       for setting in ("single-hop", "multi-hop")},
 }
 
 
@@ -475,14 +480,26 @@ SCHEDULES: dict[str, tuple[str, ...]] = {
 }
 """Named training schedules for the paper presets: override bundles, applied before the user's overrides."""
 
+RECIPES: dict[str, tuple[str, ...]] = {
+    # the paper's setting (Table 5): every weight trained in bf16 at lr 1e-6; over K GPUs FSDP2 shards it
+    # (optim.parallel=auto); gradient checkpointing keeps the activations of 4,596-token rows in memory.
+    "full": ("model.finetune=full", "model.dtype=bfloat16", "optim.lr=1e-6", "model.gradient_checkpointing=true"),
+    "qlora": (),
+}
+"""Named fine-tuning recipes (`--recipe`): override bundles applied after the schedule, before the user's."""
 
-def load_config(preset: str | None = None, *overrides: str, schedule: str | None = None) -> Config:
+
+def load_config(preset: str | None = None, *overrides: str, schedule: str | None = None,
+                recipe: str | None = None) -> Config:
     """The one switch: the named preset, else $TG_PRESET, else 'cpu'; then the schedule's overrides
-    (SCHEDULES, optional), then 'group.field=value' overrides."""
+    (SCHEDULES, optional), the recipe's (RECIPES, optional), then 'group.field=value' overrides."""
     name = preset or os.environ.get(PRESET_ENV) or DEFAULT_PRESET
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r} (from {'argument' if preset else PRESET_ENV}); "
                           f"valid presets: {', '.join(sorted(PRESETS))}")
     if schedule is not None and schedule not in SCHEDULES:
         raise ConfigError(f"unknown schedule {schedule!r}; valid schedules: {', '.join(sorted(SCHEDULES))}")
-    return Config(preset=name, **PRESETS[name]).with_overrides(*SCHEDULES.get(schedule or "", ()), *overrides)
+    if recipe is not None and recipe not in RECIPES:
+        raise ConfigError(f"unknown recipe {recipe!r}; valid recipes: {', '.join(sorted(RECIPES))}")
+    return Config(preset=name, **PRESETS[name]).with_overrides(*SCHEDULES.get(schedule or "", ()),
+                                                               *RECIPES.get(recipe or "", ()), *overrides)

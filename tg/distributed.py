@@ -121,6 +121,9 @@ class Parallel:
     def sum(self, x: float) -> float:
         return x
 
+    def barrier(self) -> None:
+        """Wait for every rank."""
+
     def gather(self, obj: T) -> list[T]:
         """`obj` of every rank, in rank order."""
         return [obj]
@@ -173,6 +176,9 @@ class DataParallel(Parallel):
         t = torch.tensor([x], dtype=torch.float64, device=self.device)
         collective(torch.distributed.all_reduce, t)
         return float(t.item())
+
+    def barrier(self) -> None:
+        collective(torch.distributed.barrier)
 
     def gather(self, obj: T) -> list[T]:
         out: list[Any] = [None] * self.world
@@ -250,6 +256,9 @@ def start(cfg: Config) -> Parallel:
     if kind == "auto":
         kind = "fsdp" if cfg.model.finetune == "full" else "ddp"
     if kind == "fsdp":
+        if cfg.agent.engine == "vllm":
+            raise ConfigError("optim.parallel=fsdp with agent.engine=vllm is not supported (the engine sync would "
+                              "need the sharded weights gathered): use agent.engine=hf or optim.parallel=ddp")
         if cfg.model.finetune != "full":
             raise ConfigError(f"optim.parallel=fsdp shards full fine-tuning only (model.finetune is "
                               f"{cfg.model.finetune!r}): use optim.parallel=ddp or auto")

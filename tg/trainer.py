@@ -31,7 +31,7 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -189,6 +189,8 @@ class Trainer:
         # fixed ids whose log-probs check, after each sync, that a separate engine serves the current policy
         self.probe = prompt_ids(tokenizer, self.questions[0].question) if self.questions else None
         self.step_done = 0
+        self.reporters: list[Callable[[dict], None]] = []
+        """Called with each step's metrics row after it is written (rank 0; e.g. tg.report.tensorboard)."""
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     # ---- data ------------------------------------------------------------------------------------
@@ -431,6 +433,8 @@ class Trainer:
             if main:
                 with metrics_path.open("a") as f:
                     f.write(json.dumps(row) + "\n")
+                for report in self.reporters:
+                    report(row)
             if (every and self.step_done % every == 0) or self.step_done == total:
                 self.save_checkpoint()
             bar.update(1)
