@@ -33,6 +33,8 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 import numpy as np
 import torch
 
+from tg.advantage import TreeAdvantage
+from tg.budget import Ledger
 from tg.config import Config, ConfigError
 
 T = TypeVar("T")
@@ -72,6 +74,19 @@ def merge_scores(parts: Sequence[dict[str, list]]) -> dict[str, list]:
         trees += max(part["tree"], default=-1) + 1
         prompts += max(part["prompt"], default=-1) + 1
     return out
+
+
+def gather_step(par: "Parallel", scores: dict[str, list], ledgers: list[Ledger], adv: TreeAdvantage,
+                stats: dict[str, float]) -> tuple[dict[str, list], list[Ledger], TreeAdvantage, dict[str, float]]:
+    """Every rank's leaf scores, per-question ledgers, advantages [G] and update stats as one step's (item 5):
+    concatenated in rank order; stats averaged, timings the slowest rank's, grad norm and LR as they are."""
+    parts = par.gather((scores, ledgers, adv, stats))
+    cat = [torch.cat([getattr(p[2], k) for p in parts]) for k in ("total", "intra", "inter")]
+    merged = {k: float(np.mean([p[3][k] for p in parts])) for k in stats}
+    merged.update({k: max(p[3][k] for p in parts) for k in ("rollout_s", "logprob_s", "update_s", "sync_maxdiff")
+                   if k in stats})
+    merged.update(grad_norm=stats["grad_norm"], lr=stats["lr"])
+    return (merge_scores([p[0] for p in parts]), [x for p in parts for x in p[1]], TreeAdvantage(*cat), merged)
 
 
 def rng_state() -> dict[str, Any]:

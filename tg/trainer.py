@@ -47,7 +47,7 @@ from tg.finetune import TrainablePolicy
 from tg.loss import entropy_from_logits, grpo_loss, token_logprobs
 from tg.packing import PackedBatch, pack_batch, packed_row_logits
 from tg.data import Question
-from tg.distributed import (Parallel, failures_as_rank_lost, merge_scores, minibatch_of, set_rng_state, shard_seed,
+from tg.distributed import (Parallel, failures_as_rank_lost, gather_step, minibatch_of, set_rng_state, shard_seed,
                             shard_slices)
 from tg.protocol import prompt_ids
 from tg.reward import answer_score, is_valid_format, reward
@@ -338,7 +338,7 @@ class Trainer:
         self.step_done += 1
         stats.update(rollout_s=t1 - t0, update_s=time.perf_counter() - t1 - stats["logprob_s"])
         if self.par.world > 1:
-            sc, leds, adv, stats = self._gathered(sc, leds, adv, stats)
+            sc, leds, adv, stats = gather_step(self.par, sc, leds, adv, stats)
         led = Ledger.total(leds).per(o.prompts_per_step)
         return {"step": self.step_done, "reward": float(np.mean(sc["reward"])), "em": float(np.mean(sc["em"])),
                 "format_valid": float(np.mean(sc["valid"])), "tool_calls": led["tool_calls"],
@@ -351,17 +351,6 @@ class Trainer:
                 **{k: stats[k] for k in ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm", "lr",
                                          "sync_maxdiff") if k in stats},
                 **{k: stats[k] for k in ("rollout_s", "logprob_s", "update_s")}}
-
-    def _gathered(self, sc: dict, leds: list[Ledger], adv: Any, stats: dict) -> tuple[dict, list[Ledger], Any, dict]:
-        """Every rank's scores, ledgers, advantages and update stats as one step's (tg.distributed, 5)."""
-        parts = self.par.gather((sc, leds, [adv.total, adv.intra, adv.inter], stats))
-        cat = [torch.cat([p[2][i] for p in parts]) for i in range(3)]
-        merged = {k: float(np.mean([p[3][k] for p in parts])) for k in parts[0][3]}
-        merged.update({k: max(p[3][k] for p in parts) for k in ("rollout_s", "logprob_s", "update_s", "sync_maxdiff")
-                       if k in parts[0][3]})
-        merged.update(grad_norm=stats["grad_norm"], lr=stats["lr"])
-        return (merge_scores([p[0] for p in parts]), [x for p in parts for x in p[1]],
-                type(adv)(total=cat[0], intra=cat[1], inter=cat[2]), merged)
 
     # ---- checkpoints --------------------------------------------------------------------------------
     @property
