@@ -28,7 +28,7 @@ def test_python_m_tg_and_help_describe_every_command() -> None:
     out = subprocess.run([sys.executable, "-m", "tg", "--help"], cwd=REPO, capture_output=True, text=True,
                          check=True).stdout
     sub = next(a for a in cli.parser()._actions if a.dest == "command")
-    assert len(sub.choices) == 11 and len(sub._choices_actions) == 11
+    assert len(sub.choices) == 12 and len(sub._choices_actions) == 12
     assert all(a.help and a.dest in out for a in sub._choices_actions)
 
 

@@ -186,3 +186,51 @@ def test_wiki18_corpus_from_a_local_file(tmp_path, capsys):
     assert [json.loads(x) for x in out.read_text().splitlines()] == rows
     assert main(["data", "corpus", "--out", str(tmp_path / "wiki"), "--source", str(src), "--index"]) == 0
     assert "5 passages" in capsys.readouterr().out and (tmp_path / "wiki" / "bm25").is_dir()
+
+
+def test_full_fine_tuning_over_k_ranks_is_estimated_per_rank():
+    """FSDP2 over 8 ranks: weights, reference, gradients and moments take 1/8 each; the rollout gathers one whole
+    bf16 policy and holds 1/8 of the prompts' KV; the activations of one micro-batch stay whole."""
+    cfg = load_config("paper-1.5b-multi-hop", recipe="full")
+    assert (cfg.model.finetune, cfg.model.dtype, cfg.optim.lr) == ("full", "bfloat16", 1e-6)
+    one, eight = (memory_estimate(S, cfg, 80 * GIB, gpus=k) for k in (1, 8))
+    params = param_counts(S).total
+    assert one.weights == 2 * 2 * params and eight.weights == one.weights // 8           # policy + reference
+    assert one.trainable == 3 * 2 * params and eight.trainable == one.trainable // 8     # grads + 2 AdamW moments
+    assert eight.gathered == 2 * params and one.gathered == 0
+    assert eight.rollout_kv == one.rollout_kv // 8 and eight.activations == one.activations
+    ddp = memory_estimate(S, cfg.with_overrides("optim.parallel=ddp"), 80 * GIB, gpus=8)
+    assert ddp.weights == one.weights and ddp.gathered == 0                              # replicas
+    lora = memory_estimate(S, load_config("paper-1.5b-multi-hop"), 80 * GIB, gpus=8)
+    assert lora.weights == memory_estimate(S, load_config("paper-1.5b-multi-hop"), 80 * GIB).weights
+    w1, w8 = workload(cfg), workload(cfg, 8)
+    assert (w8.prompts_per_step, w8.eval_questions) == (512 // 8, -(-22523 // 8))
+    assert run_seconds(w8, 8000, 6000) == pytest.approx(run_seconds(w1, 8000, 6000) / 8, rel=1e-4)
+
+
+def test_memory_check_names_the_gpu_count_that_fits():
+    cfg = load_config("paper-1.5b-multi-hop", "optim.micro_batch_rows=1", recipe="full")
+    failing = preflight.check_memory(cfg, S, 80 * GIB)
+    assert failing.status == "FAIL" and "or train on 8 GPUs (docs/distributed.md)" in failing.fix
+    assert preflight.check_memory(cfg, S, 80 * GIB, gpus=8).status == "ok"
+    assert preflight.fitting_gpus(cfg, S, 80 * GIB) == [8]
+
+
+def test_table1_presets_know_their_model_shapes():
+    from tg.config import TABLE1_MODELS
+    from tg.estimate import known_shape
+    for tag, model in TABLE1_MODELS.items():
+        for setting in ("single-hop", "multi-hop"):
+            assert load_config(f"paper-{tag}-{setting}").model.name_or_path == model
+        assert known_shape(model) is not None and known_shape(f"/models/{model.split('/')[1]}-Instruct") is not None
+    assert 7.0e9 < param_counts(known_shape("Qwen/Qwen2.5-7B")).total < 7.7e9          # Qwen2.5-7B: 7.6B
+    assert 14.0e9 < param_counts(known_shape("Qwen/Qwen2.5-14B")).total < 14.9e9       # Qwen2.5-14B: 14.8B
+    assert 3.1e9 < param_counts(known_shape("meta-llama/Llama-3.2-3B")).total < 3.3e9  # Llama-3.2-3B: 3.21B
+    with pytest.raises(ConfigError, match="unknown recipe"):
+        load_config("cpu", recipe="fast")
+
+
+def test_gpu_docs_hold_the_plan_tables_as_tg_plan_prints_them(capsys):
+    assert main(["plan"]) == 0
+    printed = capsys.readouterr().out.strip()
+    assert printed in (REPO_ROOT / "docs" / "gpu.md").read_text()

@@ -348,3 +348,27 @@ def test_bf16_engine_agrees_with_the_bf16_trainer_within_its_tolerance(policy, c
     finally:
         eng.close()
     assert max(diffs) < SYNC_TOL["bfloat16"]
+
+
+def test_evaluation_runs_on_the_rollout_engine(engine, policy, cfg, train_questions, tmp_path, monkeypatch):
+    """agent.engine=vllm: `tg train`'s evaluations run on the trainer's vLLM engine (greedy: the same scores
+    and transcripts as the HF engine's)."""
+    from types import SimpleNamespace
+
+    from tg.commands import Run, evaluate_model, evaluate_run
+    from tg.finetune import trainable_policy
+    from tg.trainer import Trainer
+    _, tok, env, _, path = policy
+    c = _two_steps(cfg, "lora").replace(eval=dict(batch_size=4))
+    qs = train_questions[:6]
+    res = SimpleNamespace(test_sets=lambda _: (qs[:3], qs[3:]), env=lambda *_: env)
+    torch.manual_seed(0)
+    tr = Trainer(c, trainable_policy(path, c.model, torch.device("cpu")), tok, env, train_questions, tmp_path, engine)
+    engine.sync(tr.policy.model)
+    opened = []
+    real = engine.open
+    monkeypatch.setattr(engine, "open", lambda *a, **k: opened.append(1) or real(*a, **k))
+    got = evaluate_run(Run(tr, res, tok), c, progress=False)
+    assert len(opened) == 2                                  # two batches of 4 and 2 questions, both on vLLM
+    hf = evaluate_model(tr.policy.model, tok, res, c, progress=False)
+    assert got.scores == hf.scores and got.transcripts == hf.transcripts and len(got.scores) == 6

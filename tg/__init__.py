@@ -14,10 +14,14 @@ Where the paper lives in the code (two files hold the algorithm: `tree.py` and `
     loss.py       clipped token-level loss, K3 KL, entropy (Eq. 8)
     theory.py     Proposition 3.1 (intra-tree GRPO vs step-level DPO), checked numerically
     trainer.py    one training step and the loop: the one place that wires the above
+    packing.py    a tree's rows trained as one sequence along their shared prefixes (optim.pack_trees)
+    distributed.py  several ranks under torchrun: prompt shards, DDP, gathered metrics; fsdp.py: FSDP2
+    reporters.py  `--report-to tensorboard`: each step's metrics as TensorBoard scalars
     config.py     one frozen config, presets, schedules, the one switch (TG_PRESET)
-    estimate.py   memory and wall-time arithmetic of a one-GPU run (pure); preflight.py: the checks
+    estimate.py   memory and wall-time arithmetic of a run (pure); preflight.py: the checks; plan.py: `tg plan`
     doctor.py     installed versions against the tested matrix
     mini.py       the paper's claims in miniature: named experiment grids (`tg mini`); summary.py reads them back
+    rerun.py      `tg mini rerun`: retrain one committed row, step by step beside the committed metrics
     claims.py     the claims table: the declared family of comparisons and their verdicts; report.py writes it
     verdict.py    paired t-test, Holm's correction, the verdict rule (pure)
     lesson.py     the notebooks' set-up in one call (`setup`) and self-checking exercises (`exercise`)

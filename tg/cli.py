@@ -4,8 +4,10 @@
     tg world    [--preset P]                     build the synthetic world, show a document and questions
     tg warmup   [--preset P] [--rebuild [DIR]]   report the starting policy's EMs (--rebuild: train it anew)
     tg train    --method chain|tree [--M --N --L | --group-size G] [--steps --seed --resume --run-dir]
-                [--schedule paper|quick] [--skip-preflight]
-    tg preflight [--preset P] [--method ...] [--schedule S] [--decode-tps X --train-tps Y] [--no-measure]
+                [--schedule paper|quick] [--recipe full] [--skip-preflight] [--report-to tensorboard]
+                (on K GPUs: torchrun --nproc_per_node K -m tg train ..., docs/distributed.md)
+    tg preflight [--preset P] [--method ...] [--schedule S] [--gpus K] [--decode-tps X --train-tps Y] [--no-measure]
+    tg plan                                      which Table 1 models fit on 1-8 GPUs, estimated cost
     tg doctor                                    installed versions against the tested matrix
     tg eval     --policy RUN_DIR|PATH [--out results/eval.csv]
     tg demo                                      chain GRPO vs Tree-GRPO from the same warmed-up policy
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -33,13 +36,16 @@ from tg.config import Config, ConfigError, load_config
 
 
 def _config(args: argparse.Namespace) -> Config:
-    cfg = load_config(args.preset, *args.set, schedule=args.schedule)
+    cfg = load_config(args.preset, *args.set, schedule=args.schedule, recipe=args.recipe)
     if getattr(args, "method", None):
         cfg = method_config(cfg, args.method, args.M, args.N, args.L, args.group_size)
     if getattr(args, "steps", None):
         cfg = cfg.replace(optim=dict(steps=args.steps))
     if getattr(args, "seed", None) is not None:
         cfg = cfg.replace(optim=dict(seed=args.seed))
+    if args.command == "train":
+        from tg.distributed import with_shards, world_size
+        cfg = with_shards(cfg, world_size())  # under torchrun: one rollout shard per rank unless set
     return cfg
 
 
@@ -53,11 +59,14 @@ def method_config(cfg: Config, method: str, M: int | None = None, N: int | None 
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default=None, help="cpu (default), paper-1.5b-single-hop, paper-1.5b-multi-hop; "
+    p.add_argument("--preset", default=None, help="cpu (default) or paper-{1.5b,3b,llama-3b,7b,14b}-{single,multi}-hop; "
                                                   "else $TG_PRESET")
     p.add_argument("--set", action="append", default=[], metavar="GROUP.FIELD=VALUE", help="override a field")
     p.add_argument("--schedule", choices=("paper", "quick"), default=None,
                    help="paper: 180 steps x 512 prompts; quick: 60 x 64 (tg.config.SCHEDULES); default: the preset's")
+    p.add_argument("--recipe", choices=("full", "qlora"), default=None,
+                   help="full: the paper's full fine-tuning (bf16, lr 1e-6; FSDP2 over several GPUs); default: the "
+                        "preset's (tg.config.RECIPES)")
 
 
 def _add_method(p: argparse.ArgumentParser, required: bool) -> None:
@@ -71,7 +80,7 @@ def _add_method(p: argparse.ArgumentParser, required: bool) -> None:
 
 USER_ERRORS = ("tg.config_values:ConfigError", "tg.data:DataError", "tg.server:RetrieverUnavailableError",
                "tg.server:RetrieverResponseError", "tg.server:ServerStartError", "tg.trainer:NonFiniteError",
-               "tg.vllm_engine:VLLMSetupError", "tg.vllm_engine:PolicySyncError")
+               "tg.vllm_engine:VLLMSetupError", "tg.vllm_engine:PolicySyncError", "tg.distributed:RankLostError")
 """Errors whose message names the problem and its fix (PolicyError is a ConfigError): printed as one line."""
 
 COMMANDS = {
@@ -114,12 +123,16 @@ def parser() -> argparse.ArgumentParser:
                                                                  "and metrics) instead of refusing")
     t.add_argument("--run-dir", default=None, help="default runs/<method>-<config hash>")
     t.add_argument("--skip-preflight", action="store_true", help="do not run `tg preflight`'s checks first")
+    t.add_argument("--report-to", choices=("none", "tensorboard"), default="none",
+                   help="also write the metrics to RUN_DIR/tensorboard (TRL's convention)")
     f = sub.add_parser("preflight", help="check CUDA, memory, model, data, retriever; estimate the wall time")
     _add_common(f)
     _add_method(f, required=False)
     f.add_argument("--decode-tps", type=float, help="sampled tokens/s to estimate with (instead of measuring)")
     f.add_argument("--train-tps", type=float, help="trained tokens/s (forward + backward) to estimate with")
     f.add_argument("--no-measure", action="store_true", help="do not load the model to measure tokens/s")
+    f.add_argument("--gpus", type=int, default=1, help="estimate memory per rank and wall time for K GPUs")
+    sub.add_parser("plan", help="which Table 1 models fit on 1-8 GPUs of 24/48/80 GB; estimated cost (tg.plan)")
     sub.add_parser("doctor", help="installed versions against the tested matrix")
     e = sub.add_parser("eval", help="greedy EM of a run's checkpoint or a model on the test sets")
     _add_common(e)
@@ -189,6 +202,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     from tg import commands
     if args.command == "doctor":
         return commands.doctor()
+    if args.command == "plan":
+        from tg.plan import report
+        print(report())
+        return 0
     if args.command == "data" and args.action == "corpus":
         commands.data_corpus(args.out, args.source, args.index)
         return 0
@@ -222,7 +239,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(f"\n{report.full_report(args.root)}")
         return 0
     cfg = _config(args)
-    print(cfg, flush=True)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 prints
+        print(cfg, flush=True)
     if args.command == "config":
         return 0
     if args.command == "warmup":
@@ -232,10 +250,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     if run:
         run(cfg)
     elif args.command == "preflight":
-        return commands.preflight(cfg, args.decode_tps, args.train_tps, measure=not args.no_measure)
+        return commands.preflight(cfg, args.decode_tps, args.train_tps, measure=not args.no_measure, gpus=args.gpus)
     elif args.command == "train":
         row = commands.train(cfg, Path(args.run_dir) if args.run_dir else None, args.resume,
-                             preflight=not args.skip_preflight, overwrite=args.overwrite)
+                             preflight=not args.skip_preflight, overwrite=args.overwrite, report_to=args.report_to)
         return 0 if row is not None else 1
     elif args.command == "eval":
         commands.evaluate_policy(cfg, args.policy, Path(args.out))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -12,7 +13,8 @@ import torch
 
 from tg.config import Config, ConfigError
 from tg.data import Question
-from tg.engine import HFEngine
+from tg.distributed import Parallel, start
+from tg.engine import Engine, HFEngine
 from tg.evaluate import EvalResult, append_row, evaluate, result_row
 from tg.finetune import default_device, trainable_policy
 from tg.pipeline import Resources, load_resources, policy_source
@@ -35,26 +37,29 @@ class Run:
     tokenizer: Any
 
 
-def build_run(cfg: Config, run_dir: str | Path) -> Run:
-    """Load questions, retriever and the starting policy; save the config into the run directory."""
+def build_run(cfg: Config, run_dir: str | Path, parallel: Parallel | None = None) -> Run:
+    """Load questions, retriever and the starting policy; save the config into the run directory (rank 0)."""
     from transformers import AutoTokenizer
+    par = parallel or Parallel(cfg.optim.rollout_shards)
     res = load_resources(cfg)
-    torch.manual_seed(cfg.optim.seed)  # LoRA initialisation
+    torch.manual_seed(cfg.optim.seed)  # LoRA initialisation (the same on every rank)
     policy = trainable_policy(res.policy_path, cfg.model, default_device())
     tok = AutoTokenizer.from_pretrained(res.policy_path)
-    cfg.save(run_dir)
+    if par.is_main:
+        cfg.save(run_dir)
     train = [q for q in res.train if _setting_of(q) in (cfg.data.setting, None)]
-    engine = vllm_engine(cfg, res.policy_path, tok) if cfg.agent.engine == "vllm" else None
-    return Run(Trainer(cfg, policy, tok, res.env(tok, cfg), train, run_dir, engine), res, tok)
+    engine = vllm_engine(cfg, res.policy_path, tok, par.world) if cfg.agent.engine == "vllm" else None
+    return Run(Trainer(cfg, policy, tok, res.env(tok, cfg), train, run_dir, engine, par), res, tok)
 
 
-def vllm_engine(cfg: Config, policy_path: str, tokenizer: Any) -> Any:
-    """A vLLM rollout engine on the starting weights; the trainer syncs it after every step."""
+def vllm_engine(cfg: Config, policy_path: str, tokenizer: Any, ranks: int = 1) -> Any:
+    """A vLLM engine on the starting weights (the trainer syncs it after every step); with several ranks,
+    one per rank on its own GPU (vLLM's torchrun data-parallel mode)."""
     from tg.vllm_engine import VLLMEngine
     return VLLMEngine(policy_path, tokenizer, lora=cfg.model.finetune != "full", max_lora_rank=cfg.model.lora_r,
                       kv_cache_space_gib=cfg.agent.vllm_kv_cache_gib,
                       gpu_memory_utilization=cfg.agent.vllm_gpu_memory_utilization, seed=cfg.optim.seed,
-                      dtype=cfg.model.dtype)  # the trainer's: the sync check compares the two
+                      dtype=cfg.model.dtype, data_parallel_size=ranks)  # dtype: the trainer's, as the sync check
 
 
 def _setting_of(q: Question) -> str | None:
@@ -62,14 +67,28 @@ def _setting_of(q: Question) -> str | None:
     return {"synthetic_single": "single-hop", "synthetic_multi": "multi-hop"}.get(q.data_source)
 
 
-def evaluate_model(model: Any, tokenizer: Any, res: Resources, cfg: Config, progress: bool = True) -> EvalResult:
-    """Greedy EM on the config's single-hop and multi-hop test sets."""
+def evaluate_model(model: Any, tokenizer: Any, res: Resources, cfg: Config, progress: bool = True,
+                   engine: Engine | None = None, parallel: Parallel | None = None) -> EvalResult:
+    """Greedy EM on the config's single-hop and multi-hop test sets, on `engine` (default: the HF engine on
+    `model`). Over several ranks each evaluates its contiguous share and every rank gets the whole result."""
+    par = parallel or Parallel()
     single, multi = res.test_sets(cfg)
-    engine = HFEngine(model, tokenizer)
+    questions = single + multi
+    share = -(-len(questions) // par.world)
+    mine = questions[par.rank * share:(par.rank + 1) * share]
     model.eval()
-    return evaluate(engine, res.env(tokenizer, cfg), tokenizer, single + multi, batch_size=cfg.eval.batch_size,
-                    max_step_tokens=cfg.agent.max_step_tokens, max_context_tokens=cfg.agent.max_context_tokens,
-                    progress=progress)
+    result = evaluate(engine or HFEngine(model, tokenizer), res.env(tokenizer, cfg), tokenizer, mine,
+                      batch_size=cfg.eval.batch_size, max_step_tokens=cfg.agent.max_step_tokens,
+                      max_context_tokens=cfg.agent.max_context_tokens, progress=progress and par.is_main)
+    return EvalResult.concat(par.gather(result)) if par.world > 1 else result
+
+
+def evaluate_run(run: Run, cfg: Config, progress: bool = True) -> EvalResult:
+    """`evaluate_model` on the run's policy, on its rollout engine (vLLM when agent.engine=vllm), over its ranks."""
+    tr = run.trainer
+    engine = tr.engine if cfg.agent.engine == "vllm" else None
+    with tr.par.rollout_context(tr.policy):
+        return evaluate_model(tr.policy.model, run.tokenizer, run.resources, cfg, progress, engine, tr.par)
 
 
 def train_and_evaluate(run: Run, cfg: Config, points: Sequence[int], resume: bool,
@@ -83,7 +102,7 @@ def train_and_evaluate(run: Run, cfg: Config, points: Sequence[int], resume: boo
         if run.trainer.step_done != p:
             raise ConfigError(f"the checkpoint in {run.trainer.run_dir} is at step {run.trainer.step_done}, past the "
                               f"evaluation point {p}: delete that directory to rerun from the start")
-        yield p, metrics, evaluate_model(run.trainer.policy.model, run.tokenizer, run.resources, cfg, progress=progress)
+        yield p, metrics, evaluate_run(run, cfg, progress=progress)
 
 
 def default_run_dir(cfg: Config) -> Path:
@@ -92,31 +111,43 @@ def default_run_dir(cfg: Config) -> Path:
 
 
 def train(cfg: Config, run_dir: Path | None, resume: bool, preflight: bool = True,
-          overwrite: bool = False) -> dict | None:
+          overwrite: bool = False, report_to: str = "none") -> dict | None:
     """Pre-flight (not for the tiny model), train, evaluate every optim.eval_every steps and at the end, and
     append one Table-1-shaped row per evaluation to results/runs.csv. Returns the last row, or None,
     having printed the failing checks, when the pre-flight fails. The run directory is this run's alone
     from the pre-flight on (tg.rundir): a run already there is continued only with `resume` (under a
-    config that trains the same) and replaced only with `overwrite`."""
+    config that trains the same) and replaced only with `overwrite`. Under torchrun every rank runs it
+    (tg.distributed): rank 0 alone prints, locks, checks and writes."""
     from tg.preflight import format_report, static_checks
-    checked, shape = preflight and cfg.model.name_or_path != "tiny", None
-    if checked:
-        checks, shape = static_checks(cfg)
-        print(format_report(checks), flush=True)
-        if any(c.failed for c in checks):
-            return None
-    run_dir = Path(run_dir or default_run_dir(cfg))
-    with run_lock(run_dir):
-        check_run_dir(run_dir, cfg, resume, overwrite)
-        return _train_in(cfg, run_dir, resume, shape)
+    par = start(cfg)
+    try:
+        checked, shape = preflight and cfg.model.name_or_path != "tiny", None
+        if checked:
+            checks, shape = static_checks(cfg, gpus=par.world)
+            if par.is_main:
+                print(format_report(checks), flush=True)
+            if any(c.failed for c in checks):
+                return None
+        run_dir = Path(run_dir or default_run_dir(cfg))
+        with run_lock(run_dir) if par.is_main else contextlib.nullcontext():
+            if par.is_main:
+                check_run_dir(run_dir, cfg, resume, overwrite)
+            par.barrier()  # the other ranks start once rank 0 has checked (and, with --overwrite, cleared) it
+            return _train_in(cfg, run_dir, resume, shape, par, report_to)
+    finally:
+        par.close()
 
 
-def _train_in(cfg: Config, run_dir: Path, resume: bool, shape: ModelShape | None) -> dict | None:
+def _train_in(cfg: Config, run_dir: Path, resume: bool, shape: ModelShape | None, par: Parallel,
+              report_to: str = "none") -> dict | None:
     """`train` once the run directory is held: with a pre-flight `shape`, the longest sample first (OOM in
     minute one), then train and evaluate."""
     from tg.preflight import check_longest_sample, check_wall_time, format_report
-    run = build_run(cfg, run_dir)
-    if shape is not None and torch.cuda.is_available():
+    from tg.reporters import reporters
+    run = build_run(cfg, run_dir, par)
+    if par.is_main:
+        run.trainer.reporters = reporters([report_to], run_dir)
+    if shape is not None and torch.cuda.is_available() and par.world == 1:
         longest, tp = check_longest_sample(run.trainer.policy.model, cfg, shape.vocab)
         print(format_report([longest, check_wall_time(cfg, tp)]), flush=True)
         if longest.failed:
@@ -126,9 +157,10 @@ def _train_in(cfg: Config, run_dir: Path, resume: bool, shape: ModelShape | None
     for step, metrics, result in train_and_evaluate(run, cfg, points, resume):
         row = result_row(result, cfg, method=method_name(cfg), model=cfg.model.name_or_path, seed=cfg.optim.seed,
                          step=step)
-        append_row(resolve(RESULTS) / "runs.csv", row)
-        print(json.dumps({"step": step, "train": metrics[-1] if metrics else {}, "eval": result.by_source()},
-                         indent=1), flush=True)
+        if par.is_main:
+            append_row(resolve(RESULTS) / "runs.csv", row)
+            print(json.dumps({"step": step, "train": metrics[-1] if metrics else {}, "eval": result.by_source()},
+                             indent=1), flush=True)
     return row
 
 
@@ -151,7 +183,11 @@ def evaluate_policy(cfg: Config, policy: str | None, out: Path) -> dict:
         state = torch.load(checkpoint, weights_only=False)
         tp.load_state_dict(state["weights"])
         step = state["step"]
-    result = evaluate_model(tp.model, tok, res, cfg)
+    engine = None
+    if cfg.agent.engine == "vllm":  # the rollout engine evaluates too, serving the loaded policy
+        engine = vllm_engine(cfg, model_path or res.policy_path, tok)
+        engine.sync(tp.model)
+    result = evaluate_model(tp.model, tok, res, cfg, engine=engine)
     row = result_row(result, cfg, method=str(policy or "start"), model=cfg.model.name_or_path, seed=cfg.optim.seed,
                      step=step)
     append_row(out, row)
@@ -188,11 +224,11 @@ def warmup(cfg: Config, rebuild: Path | bool | None = None) -> EvalResult:
     return result
 
 
-def preflight(cfg: Config, decode_tps: float | None, train_tps: float | None, measure: bool) -> int:
-    """Print the pre-flight report; 1 when a required check fails."""
+def preflight(cfg: Config, decode_tps: float | None, train_tps: float | None, measure: bool, gpus: int = 1) -> int:
+    """Print the pre-flight report for `gpus` GPUs; 1 when a required check fails."""
     from tg.preflight import Throughput, format_report, run_preflight
     given = Throughput(decode_tps, train_tps, "given") if decode_tps and train_tps else None
-    checks = run_preflight(cfg, given, measure=measure)
+    checks = run_preflight(cfg, given, measure=measure, gpus=gpus)
     print(format_report(checks))
     return 1 if any(c.failed for c in checks) else 0
 

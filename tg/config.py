@@ -241,6 +241,12 @@ class OptimConfig:
     """Prompts per PPO mini-batch (paper: 64, i.e. 8 updates per step)."""
     micro_batch_rows: int = 32
     """Training rows per forward/backward (gradient accumulation fits memory)."""
+    rollout_shards: int = 1
+    """Split each step's prompts into this many equal shards, each rolled out from its own seed (tg.distributed):
+    a run on K ranks needs a multiple of K, and one process with the same value samples the same tokens."""
+    parallel: str = "auto"
+    """Several ranks: 'ddp' (replicated model, DistributedDataParallel), 'fsdp' (FSDP2 fully_shard: model,
+    gradients and optimiser state sharded; full fine-tuning only) or 'auto' (fsdp for full, ddp for LoRA / QLoRA)."""
     pack_trees: bool = True
     """Train each tree's rows in one packed sequence along their shared prefixes (tg.packing): the same
     log-probs up to float order, far fewer tokens for trees; chains are unchanged. Off in the GPU presets,
@@ -291,6 +297,10 @@ class OptimConfig:
             _check(getattr(self, n) >= 1, f"optim.{n}", ">= 1", getattr(self, n))
         _check(self.prompts_per_step % self.mini_batch_prompts == 0, "optim.mini_batch_prompts",
                "a divisor of optim.prompts_per_step", self.mini_batch_prompts)
+        _check(self.rollout_shards >= 1 and self.mini_batch_prompts % self.rollout_shards == 0, "optim.rollout_shards",
+               "a divisor of optim.mini_batch_prompts (each shard gives every mini-batch the same share)",
+               self.rollout_shards)
+        _check(self.parallel in ("auto", "ddp", "fsdp"), "optim.parallel", "'auto', 'ddp', 'fsdp'", self.parallel)
         _check(self.lr > 0, "optim.lr", "> 0", self.lr)
         _check(self.weight_decay >= 0, "optim.weight_decay", ">= 0", self.weight_decay)
         _check(self.adv_eps > 0, "optim.adv_eps", "> 0 (it divides by std + adv_eps, and a group's std can be 0)",
@@ -325,7 +335,8 @@ class EvalConfig:
         _check(self.batch_size >= 1, "eval.batch_size", ">= 1", self.batch_size)
 
 
-ADDED_FIELDS: dict[tuple[str, str], Any] = {("optim", "pack_trees"): False}
+ADDED_FIELDS: dict[tuple[str, str], Any] = {("optim", "pack_trees"): False, ("optim", "rollout_shards"): 1,
+                                            ("optim", "parallel"): "auto"}
 """(group, field) -> default of the fields added after config hashes keyed committed results (Config.hash)."""
 
 
@@ -430,10 +441,11 @@ _GROUP_TYPES = {"model": ModelConfig, "data": DataConfig, "warmup": WarmupConfig
                 "tree": TreeConfig, "optim": OptimConfig, "eval": EvalConfig}
 
 
-def _paper_1_5b(setting: str) -> dict[str, Any]:
-    """The paper's Qwen2.5-1.5B recipe (paper Table 5) adapted to one GPU; departures: docs/gpu.md."""
+def _paper(setting: str, model: str = "Qwen/Qwen2.5-1.5B") -> dict[str, Any]:
+    """The paper's recipe (paper Table 5) for one of its Table 1 models, adapted to one GPU with QLoRA;
+    departures: docs/gpu.md. `--recipe full` switches to the paper's full fine-tuning (RECIPES)."""
     return dict(
-        model=ModelConfig(name_or_path="Qwen/Qwen2.5-1.5B", finetune="qlora", dtype="auto", lora_r=64,
+        model=ModelConfig(name_or_path=model, finetune="qlora", dtype="auto", lora_r=64,
                           lora_alpha=128, gradient_checkpointing=True),
         data=DataConfig(source="files", setting=setting, data_dir=f"data/{setting}", retriever="http"),
         warmup=WarmupConfig(enabled=False),
@@ -449,10 +461,14 @@ def _paper_1_5b(setting: str) -> dict[str, Any]:
     )
 
 
+TABLE1_MODELS: dict[str, str] = {"1.5b": "Qwen/Qwen2.5-1.5B", "3b": "Qwen/Qwen2.5-3B", "llama-3b": "meta-llama/Llama-3.2-3B",
+                                  "7b": "Qwen/Qwen2.5-7B", "14b": "Qwen/Qwen2.5-14B"}
+"""The paper's Table 1 models by preset tag (paper-TAG-single-hop / paper-TAG-multi-hop)."""
+
 PRESETS: dict[str, dict[str, Any]] = {
     "cpu": {},
-    "paper-1.5b-single-hop": _paper_1_5b("single-hop"),
-    "paper-1.5b-multi-hop": _paper_1_5b("multi-hop"),
+    **{f"paper-{tag}-{setting}": _paper(setting, model) for tag, model in TABLE1_MODELS.items()
+       for setting in ("single-hop", "multi-hop")},
 }
 
 
@@ -465,14 +481,26 @@ SCHEDULES: dict[str, tuple[str, ...]] = {
 }
 """Named training schedules for the paper presets: override bundles, applied before the user's overrides."""
 
+RECIPES: dict[str, tuple[str, ...]] = {
+    # the paper's setting (Table 5): every weight trained in bf16 at lr 1e-6; over K GPUs FSDP2 shards it
+    # (optim.parallel=auto); gradient checkpointing keeps the activations of 4,596-token rows in memory.
+    "full": ("model.finetune=full", "model.dtype=bfloat16", "optim.lr=1e-6", "model.gradient_checkpointing=true"),
+    "qlora": (),
+}
+"""Named fine-tuning recipes (`--recipe`): override bundles applied after the schedule, before the user's."""
 
-def load_config(preset: str | None = None, *overrides: str, schedule: str | None = None) -> Config:
+
+def load_config(preset: str | None = None, *overrides: str, schedule: str | None = None,
+                recipe: str | None = None) -> Config:
     """The one switch: the named preset, else $TG_PRESET, else 'cpu'; then the schedule's overrides
-    (SCHEDULES, optional), then 'group.field=value' overrides."""
+    (SCHEDULES, optional), the recipe's (RECIPES, optional), then 'group.field=value' overrides."""
     name = preset or os.environ.get(PRESET_ENV) or DEFAULT_PRESET
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r} (from {'argument' if preset else PRESET_ENV}); "
                           f"valid presets: {', '.join(sorted(PRESETS))}")
     if schedule is not None and schedule not in SCHEDULES:
         raise ConfigError(f"unknown schedule {schedule!r}; valid schedules: {', '.join(sorted(SCHEDULES))}")
-    return Config(preset=name, **PRESETS[name]).with_overrides(*SCHEDULES.get(schedule or "", ()), *overrides)
+    if recipe is not None and recipe not in RECIPES:
+        raise ConfigError(f"unknown recipe {recipe!r}; valid recipes: {', '.join(sorted(RECIPES))}")
+    return Config(preset=name, **PRESETS[name]).with_overrides(*SCHEDULES.get(schedule or "", ()),
+                                                               *RECIPES.get(recipe or "", ()), *overrides)

@@ -1,4 +1,4 @@
-"""Memory and wall-time estimates for one run on one GPU: pure arithmetic, no torch, no I/O.
+"""Memory and wall-time estimates for one run on one GPU or per rank on K: pure arithmetic, no torch, no I/O.
 
 `tg preflight` (tg/preflight.py) feeds these functions a model shape, the config and either a
 measured or an assumed throughput; the tests check every size against a hand computation for
@@ -28,6 +28,10 @@ on the GPU replace the throughput ones):
    profiling activations (`VLLM_OVERHEAD`) and the KV cache (the rest).
 4. CUDA context and allocator slack: `CUDA_OVERHEAD` per process.
 5. A forward pass costs a third of a forward + backward (`FORWARD_SHARE`).
+6. K GPUs (tg.distributed): each rank rolls out and trains P / K prompts and evaluates 1 / K of the questions,
+   so the wall time divides by K (communication not counted). Full fine-tuning over K > 1 ranks is sharded
+   by FSDP2 (tg.fsdp): weights, reference, gradients and AdamW moments take 1 / K per rank, and a rollout
+   gathers one whole bf16 copy of the policy (`MemoryEstimate.gathered`). LoRA / QLoRA ranks are replicas.
 """
 
 from __future__ import annotations
@@ -85,6 +89,21 @@ class ModelShape:
 QWEN2_5_1_5B = ModelShape(hidden=1536, layers=28, heads=12, kv_heads=2, intermediate=8960, vocab=151936,
                           tied_embeddings=True)
 """Qwen/Qwen2.5-1.5B's config.json (used when the config file itself is not at hand)."""
+MODEL_SHAPES: dict[str, ModelShape] = {
+    "qwen/qwen2.5-1.5b": QWEN2_5_1_5B,
+    "qwen/qwen2.5-3b": ModelShape(2048, 36, 16, 2, 11008, 151936, tied_embeddings=True),
+    "meta-llama/llama-3.2-3b": ModelShape(3072, 28, 24, 8, 8192, 128256, tied_embeddings=True),
+    "qwen/qwen2.5-7b": ModelShape(3584, 28, 28, 4, 18944, 152064, tied_embeddings=False),
+    "qwen/qwen2.5-14b": ModelShape(5120, 48, 40, 8, 13824, 152064, tied_embeddings=False),
+}
+"""The paper's Table 1 models (their config.json; the -Instruct variants share the shape), by lower-case hub id.
+Llama has no q/k/v biases: counting them over-estimates it by 0.01%."""
+
+
+def known_shape(name: str) -> ModelShape | None:
+    """The shape of a Table 1 model from its hub id (or a path ending in it), else None."""
+    key = name.lower().removesuffix("-instruct")
+    return next((s for k, s in MODEL_SHAPES.items() if key.endswith(k.split("/")[1]) or key == k), None)
 
 
 @dataclass(frozen=True)
@@ -164,16 +183,19 @@ class MemoryEstimate:
     """HF engine: the KV cache of every row rolled out at once, at full context (an upper bound)."""
     vllm: int
     """vLLM engine: its whole reservation (gpu_memory_utilization x GPU memory)."""
+    gathered: int = 0
+    """FSDP2 over K > 1 ranks: the whole policy, gathered for the rollout (assumption 6)."""
     overhead: int = CUDA_OVERHEAD
 
     @property
     def total(self) -> int:
         """Rollout and update alternate, so the HF engine's KV and the activations do not add up."""
-        return self.weights + self.trainable + max(self.activations, self.rollout_kv) + self.vllm + self.overhead
+        return (self.weights + self.trainable + max(self.activations, self.rollout_kv + self.gathered) + self.vllm
+                + self.overhead)
 
     def parts_gib(self) -> dict[str, float]:
         return {k: getattr(self, k) / GIB for k in ("weights", "trainable", "activations", "rollout_kv", "vllm",
-                                                      "overhead", "total")}
+                                                      "gathered", "overhead", "total")}
 
 
 def vllm_kv_tokens(s: ModelShape, gpu_bytes: int, utilization: float) -> int:
@@ -220,7 +242,8 @@ def step_seconds(w: Workload, decode_tps: float, train_tps: float) -> float:
 
 
 def run_seconds(w: Workload, decode_tps: float, train_tps: float) -> float:
-    """The whole run: steps x step_seconds, plus evaluations (one greedy chain per question)."""
+    """The whole run: steps x step_seconds, plus evaluations (one greedy chain per question) at the same
+    `decode_tps`: they run on the rollout engine (vLLM with agent.engine=vllm)."""
     evals = w.evals * w.eval_questions * w.gen_tokens_per_chain / decode_tps
     return w.steps * step_seconds(w, decode_tps, train_tps) + evals
 
@@ -232,31 +255,39 @@ def longest_row_tokens(cfg: Config) -> int:
     return cfg.agent.max_context_tokens + cfg.agent.max_obs_tokens
 
 
-def rollout_rows(cfg: Config) -> int:
+def sharded(cfg: Config, gpus: int) -> bool:
+    """Whether `gpus` ranks shard the model with FSDP2 (tg.distributed.start's choice)."""
+    return gpus > 1 and cfg.model.finetune == "full" and cfg.optim.parallel in ("auto", "fsdp")
+
+
+def rollout_rows(cfg: Config, gpus: int = 1) -> int:
     """Rows of KV the HF engine holds at once: a step's rows (chains: prompts x M; trees: in round l,
     prompts x M x N live branches, each with its own copy of the prefix KV, plus the K/V kept from the
     prompts x M (1 + (l-1) N) rows they branch from, `tg.kvcache.PrefixStore`: prompts x M (1 + L N) at
-    most), or one evaluation batch."""
+    most), or one evaluation batch. Over `gpus` ranks each rolls out 1 / gpus of the prompts."""
     t = cfg.tree
-    return max(cfg.optim.prompts_per_step * t.M * (1 + t.N * t.L), cfg.eval.batch_size)
+    return max(cfg.optim.prompts_per_step // gpus * t.M * (1 + t.N * t.L), cfg.eval.batch_size)
 
 
-def memory_estimate(s: ModelShape, cfg: Config, gpu_bytes: int, micro_batch_rows: int | None = None) -> MemoryEstimate:
-    """Peak GPU bytes of `cfg` on a GPU of `gpu_bytes` (the vLLM share depends on it)."""
+def memory_estimate(s: ModelShape, cfg: Config, gpu_bytes: int, micro_batch_rows: int | None = None,
+                    gpus: int = 1) -> MemoryEstimate:
+    """Peak GPU bytes of `cfg` on a GPU of `gpu_bytes` (the vLLM share depends on it), per rank of `gpus`."""
     m, a = cfg.model, cfg.agent
     wbytes = 4 if m.dtype == "float32" else 2
     rows = micro_batch_rows or cfg.optim.micro_batch_rows
     hf = a.engine == "hf"
+    split = gpus if sharded(cfg, gpus) else 1
     return MemoryEstimate(
-        weights=weight_bytes(s, m.finetune, wbytes),
-        trainable=trainable_bytes(s, m.finetune, m.lora_r, m.lora_targets, wbytes),
+        weights=weight_bytes(s, m.finetune, wbytes) // split,
+        trainable=trainable_bytes(s, m.finetune, m.lora_r, m.lora_targets, wbytes) // split,
         activations=activation_bytes(s, rows, longest_row_tokens(cfg), m.gradient_checkpointing),
-        rollout_kv=rollout_rows(cfg) * a.max_context_tokens * kv_bytes_per_token(s, wbytes) if hf else 0,
-        vllm=0 if hf else int(a.vllm_gpu_memory_utilization * gpu_bytes))
+        rollout_kv=rollout_rows(cfg, gpus) * a.max_context_tokens * kv_bytes_per_token(s, wbytes) if hf else 0,
+        vllm=0 if hf else int(a.vllm_gpu_memory_utilization * gpu_bytes),
+        gathered=param_counts(s).total * wbytes if split > 1 else 0)
 
 
-def workload(cfg: Config) -> Workload:
-    """The run's token workload (the final evaluation of `tg train` included)."""
+def workload(cfg: Config, gpus: int = 1) -> Workload:
+    """The run's token workload (the final evaluation of `tg train` included), per rank of `gpus`."""
     o, t = cfg.optim, cfg.tree
     frozen = int(o.kl_beta > 0) + int(o.prompts_per_step // o.mini_batch_prompts > 1)
     e, d = cfg.eval, cfg.data
@@ -267,5 +298,5 @@ def workload(cfg: Config) -> Workload:
         cap = e.n_single if d.setting == "single-hop" else e.n_multi
         n_eval = sum(min(cap or n, n) for n in (TEST_SIZES[s] for s in SETTINGS[d.setting][1]))
     evals = len(o.eval_points())
-    return Workload(steps=o.steps, prompts_per_step=o.prompts_per_step, chains_per_prompt=t.chain_equivalent_budget,
-                    rows_per_prompt=t.group_size, frozen_passes=frozen, eval_questions=n_eval, evals=evals)
+    return Workload(steps=o.steps, prompts_per_step=o.prompts_per_step // gpus, chains_per_prompt=t.chain_equivalent_budget,
+                    rows_per_prompt=t.group_size, frozen_passes=frozen, eval_questions=-(-n_eval // gpus), evals=evals)

@@ -35,6 +35,12 @@ class EvalResult:
     sources: list[str]
     transcripts: list[str]
 
+    @classmethod
+    def concat(cls, parts: Sequence["EvalResult"]) -> "EvalResult":
+        """Several results (the ranks' shares of one test set) as one, in order."""
+        return cls(*([x for p in parts for x in getattr(p, f)] for f in ("scores", "tool_calls", "sources",
+                                                                            "transcripts")))
+
     def by_source(self) -> dict[str, float]:
         out: dict[str, list[float]] = {}
         for s, x in zip(self.sources, self.scores):

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tg.config import Config
-from tg.estimate import (GIB, QWEN2_5_1_5B, ModelShape, largest_fitting, memory_estimate, run_seconds,
+from tg.estimate import (GIB, ModelShape, known_shape, largest_fitting, memory_estimate, run_seconds, sharded,
                          step_seconds, vllm_kv_tokens, workload)
 
 REFERENCE_GPU_GIB = 80
@@ -122,7 +122,7 @@ def check_model(cfg: Config) -> tuple[Check, ModelShape | None]:
     found = _cached_config(m.name_or_path)
     if found:
         return Check("model", "ok", f"{m.name_or_path} at {Path(found).parent}"), shape_from_config_json(found)
-    known = QWEN2_5_1_5B if "qwen2.5-1.5b" in m.name_or_path.lower() else None
+    known = known_shape(m.name_or_path)
     fix = (f"`hf download {m.name_or_path}` where the hub is reachable (then copy its cache), or "
            "set model.name_or_path=/path/to/local/dir")
     if os.environ.get("HF_HUB_OFFLINE"):
@@ -176,14 +176,16 @@ def check_retriever(cfg: Config) -> Check:
     return Check("retriever", "ok", f"BM25 over {corpus}")
 
 
-def check_memory(cfg: Config, shape: ModelShape | None, memory: int | None) -> Check:
-    """The estimate (tg.estimate) against the GPU; the fix names the field to change."""
+def check_memory(cfg: Config, shape: ModelShape | None, memory: int | None, gpus: int = 1) -> Check:
+    """The estimate (tg.estimate) per rank of `gpus` against the GPU; the fix names the field to change."""
     if shape is None:
         return Check("memory", "skip", "model shape unknown (config.json not at hand)", required=False)
     gpu = memory or REFERENCE_GPU_GIB * GIB
-    est = memory_estimate(shape, cfg, gpu)
+    est = memory_estimate(shape, cfg, gpu, gpus=gpus)
     parts = ", ".join(f"{k} {v:.1f}" for k, v in est.parts_gib().items() if v)
-    detail = f"estimate (GiB, upper bound): {parts} vs {gpu / GIB:.0f} GiB" + ("" if memory else " (no GPU: reference)")
+    per = f" per rank of {gpus}" if gpus > 1 else ""
+    detail = (f"estimate (GiB, upper bound){per}: {parts} vs {gpu / GIB:.0f} GiB"
+              + ("" if memory else " (no GPU: reference)"))
     if cfg.agent.engine == "vllm":  # vLLM schedules rows into its KV cache; one full-context row must fit
         a = cfg.agent
         kv = vllm_kv_tokens(shape, gpu, a.vllm_gpu_memory_utilization)
@@ -195,41 +197,51 @@ def check_memory(cfg: Config, shape: ModelShape | None, memory: int | None) -> C
                              "agent.max_context_tokens")
     if est.total <= gpu:
         return Check("memory", "ok", detail)
-    return Check("memory", "FAIL" if memory else "warn", detail, fix=_memory_fix(cfg, shape, gpu),
+    return Check("memory", "FAIL" if memory else "warn", detail, fix=_memory_fix(cfg, shape, gpu, gpus),
                  required=memory is not None)
 
 
-def _memory_fix(cfg: Config, shape: ModelShape, gpu: int) -> str:
-    est = memory_estimate(shape, cfg, gpu)
+def fitting_gpus(cfg: Config, shape: ModelShape, gpu: int, counts: tuple[int, ...] = (1, 2, 4, 8)) -> list[int]:
+    """The GPU counts on which `cfg` fits GPUs of `gpu` bytes, by the estimate."""
+    return [k for k in counts if cfg.optim.prompts_per_step % k == 0
+            and memory_estimate(shape, cfg, gpu, gpus=k).total <= gpu]
+
+
+def _memory_fix(cfg: Config, shape: ModelShape, gpu: int, gpus: int = 1) -> str:
+    est = memory_estimate(shape, cfg, gpu, gpus=gpus)
+    more = [k for k in fitting_gpus(cfg, shape, gpu) if k > gpus]
+    also = f"; or train on {more[0]} GPUs (docs/distributed.md)" if more else ""
     if est.rollout_kv > est.activations and est.rollout_kv > gpu / 2:
         return (f"the HF engine holds {est.rollout_kv / GIB:.0f} GiB of rollout KV at full context: set "
-                "agent.engine=vllm (paged KV), or lower optim.prompts_per_step (e.g. --schedule quick)")
-    rows = largest_fitting(cfg.optim.micro_batch_rows, lambda r: memory_estimate(shape, cfg, gpu, r).total <= gpu)
+                f"agent.engine=vllm (paged KV), or lower optim.prompts_per_step (e.g. --schedule quick){also}")
+    rows = largest_fitting(cfg.optim.micro_batch_rows,
+                           lambda r: memory_estimate(shape, cfg, gpu, r, gpus).total <= gpu)
     if rows:
-        return f"set optim.micro_batch_rows={rows} (memory only: the gradient is the same)"
-    return "lower agent.vllm_gpu_memory_utilization or agent.max_context_tokens, or use a larger GPU"
+        return f"set optim.micro_batch_rows={rows} (memory only: the gradient is the same){also}"
+    return f"lower agent.vllm_gpu_memory_utilization or agent.max_context_tokens, or use a larger GPU{also}"
 
 
-def check_wall_time(cfg: Config, tp: Throughput | None) -> Check:
+def check_wall_time(cfg: Config, tp: Throughput | None, gpus: int = 1) -> Check:
     if tp is None:
         return Check("wall time", "skip", "not measured (needs the GPU; or pass --decode-tps and --train-tps)",
                      required=False)
-    w = workload(cfg)
+    w = workload(cfg, gpus)
     hours = run_seconds(w, tp.decode_tps, tp.train_tps) / 3600
     minutes = step_seconds(w, tp.decode_tps, tp.train_tps) / 60
     peak = f", peak {tp.peak_gib:.1f} GiB on the longest sample" if tp.peak_gib is not None else ""
-    return Check("wall time", "ok", f"~{hours:.1f} h for {w.steps} steps ({minutes:.1f} min/step) + evaluation, at "
+    on = f" on {gpus} GPUs" if gpus > 1 else ""
+    return Check("wall time", "ok", f"~{hours:.1f} h{on} for {w.steps} steps ({minutes:.1f} min/step) + evaluation, at "
                  f"{tp.decode_tps:,.0f} sampled and {tp.train_tps:,.0f} trained tokens/s ({tp.source}{peak}); "
                  f"assumes {w.gen_tokens_per_chain} sampled tokens per chain, {w.row_tokens} per row",
                  required=False)
 
 
-def static_checks(cfg: Config) -> tuple[list[Check], ModelShape | None]:
-    """Every check that loads no model: CUDA, packages, model, data, retriever, memory estimate."""
+def static_checks(cfg: Config, gpus: int = 1) -> tuple[list[Check], ModelShape | None]:
+    """Every check that loads no model: CUDA, packages, model, data, retriever, memory estimate per rank of `gpus`."""
     memory = gpu_bytes()
     model, shape = check_model(cfg)
     checks = [check_cuda(cfg, memory), check_packages(cfg), model, check_data(cfg), check_retriever(cfg),
-              check_memory(cfg, shape, memory)]
+              check_memory(cfg, shape, memory, gpus)]
     return checks, shape
 
 
@@ -294,14 +306,15 @@ def check_longest_sample(model: Any, cfg: Config, vocab: int) -> tuple[Check, Th
     return Check("longest", "ok", f"{rows} x {tokens} tokens: forward + backward fit{peak}"), tp
 
 
-def run_preflight(cfg: Config, given: Throughput | None = None, measure: bool = True) -> list[Check]:
-    """All checks; on a GPU (and `measure`) the starting policy is loaded and the longest sample run."""
-    checks, shape = static_checks(cfg)
+def run_preflight(cfg: Config, given: Throughput | None = None, measure: bool = True, gpus: int = 1) -> list[Check]:
+    """All checks for `gpus` ranks; on a GPU (and `measure`) the starting policy is loaded and the longest sample run."""
+    checks, shape = static_checks(cfg, gpus)
     tp = given
     can_measure = measure and given is None and shape is not None and gpu_bytes() is not None
+    can_measure = can_measure and not sharded(cfg, gpus)  # one GPU cannot hold what K ranks shard
     if can_measure and cfg.model.name_or_path != "tiny" and not any(c.failed for c in checks):
         from tg.finetune import default_device, trainable_policy
         policy = trainable_policy(cfg.model.name_or_path, cfg.model, default_device())
         longest, tp = check_longest_sample(policy.model, cfg, shape.vocab)
         checks.append(longest)
-    return checks + [check_wall_time(cfg, tp)]
+    return checks + [check_wall_time(cfg, tp, gpus)]

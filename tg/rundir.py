@@ -35,9 +35,9 @@ RUN_FILES = (CHECKPOINT, PREVIOUS, METRICS)
 NOT_TRAINING = frozenset({
     "preset", "cache_dir", "eval.n_single", "eval.n_multi", "eval.batch_size", "optim.checkpoint_every",
     "optim.eval_every", "optim.micro_batch_rows", "model.gradient_checkpointing", "agent.vllm_kv_cache_gib",
-    "agent.vllm_gpu_memory_utilization"})
+    "agent.vllm_gpu_memory_utilization", "optim.parallel"})
 """Config fields a resumed run may change: evaluation, bookkeeping, memory (micro-batches accumulate to the
-same gradient up to float summation order) and places. optim.steps joins them when the LR schedule is
+same gradient up to float summation order, as do DDP and FSDP2) and places. optim.steps joins them when the LR schedule is
 constant (warmup_ratio 0 before and after); every other field changes what is trained."""
 
 _HELD: set[Path] = set()

@@ -1,5 +1,6 @@
-"""Chain GRPO and Tree-GRPO training on one device: the one place that wires rollouts, rewards,
-advantages and the loss (paper §3.2, Table 5).
+"""Chain GRPO and Tree-GRPO training: the one place that wires rollouts, rewards, advantages and the loss
+(paper §3.2, Table 5). On one device; over several ranks through a `tg.distributed.Parallel`, whose hooks
+(prompt shards, gradient reduction, gathered metrics, full checkpoints) leave the math here unchanged.
 
 One step:
 1. take the next `prompts_per_step` training questions (a seeded permutation per epoch);
@@ -23,13 +24,14 @@ Deviations, numbered:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -45,6 +47,8 @@ from tg.finetune import TrainablePolicy
 from tg.loss import entropy_from_logits, grpo_loss, token_logprobs
 from tg.packing import PackedBatch, pack_batch, packed_row_logits
 from tg.data import Question
+from tg.distributed import (Parallel, failures_as_rank_lost, gather_step, minibatch_of, set_rng_state, shard_seed,
+                            shard_slices)
 from tg.protocol import prompt_ids
 from tg.reward import answer_score, is_valid_format, reward
 from tg.rundir import has_checkpoint, read_checkpoint, run_lock, write_checkpoint
@@ -168,12 +172,15 @@ class Trainer:
     """Owns the policy, optimiser, schedule, data position and checkpoints of one run."""
 
     def __init__(self, cfg: Config, policy: TrainablePolicy, tokenizer: Any, env: SearchEnv,
-                 questions: Sequence[Question], run_dir: str | Path, engine: Engine | None = None) -> None:
+                 questions: Sequence[Question], run_dir: str | Path, engine: Engine | None = None,
+                 parallel: Parallel | None = None) -> None:
         self.cfg, self.policy, self.tokenizer, self.env = cfg, policy, tokenizer, env
         self.questions = list(questions)
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         o = cfg.optim
+        self.par = parallel or Parallel(o.rollout_shards)
+        self.train_model = self.par.prepare(policy)  # before the optimiser: FSDP2 turns parameters into shards
         self.optimizer = torch.optim.AdamW(policy.parameters(), lr=o.lr, weight_decay=o.weight_decay)
         warm = max(1, round(o.warmup_ratio * o.steps))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -182,6 +189,8 @@ class Trainer:
         # fixed ids whose log-probs check, after each sync, that a separate engine serves the current policy
         self.probe = prompt_ids(tokenizer, self.questions[0].question) if self.questions else None
         self.step_done = 0
+        self.reporters: list[Callable[[dict], None]] = []
+        """Called with each step's metrics row after it is written (rank 0; e.g. tg.reporters.tensorboard)."""
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     # ---- data ------------------------------------------------------------------------------------
@@ -195,12 +204,27 @@ class Trainer:
             out.append(self.questions[order[i]])
         return out
 
+    def my_questions(self, step: int) -> list[Question]:
+        """This rank's questions of step `step`: its rollout shards' slices, concatenated (tg.distributed)."""
+        qs, slices = self.batch_questions(step), shard_slices(self.cfg.optim.prompts_per_step, self.par.shards)
+        return [q for k in self.par.my_shards() for q in qs[slices[k]]]
+
     # ---- rollout ---------------------------------------------------------------------------------
     def rollout(self, questions: Sequence[Question], step: int) -> tuple[list[list[Tree]], list[Ledger]]:
+        """Trees and ledgers of this rank's `questions`, one `sample_batch` per rollout shard, each from its seed."""
         self.policy.model.eval()
-        trees, stats = sample_batch(self.engine, self.env, self.tokenizer, questions, self.cfg,
-                                    rollout_seed(self.cfg.optim.seed, step))
-        return trees, ledgers(trees, stats)
+        per = self.cfg.optim.prompts_per_step // self.par.shards
+        trees: list[list[Tree]] = []
+        leds: list[Ledger] = []
+        with self.par.rollout_context(self.policy):
+            for i, k in enumerate(self.par.my_shards()):
+                part, stats = sample_batch(self.engine, self.env, self.tokenizer, questions[i * per:(i + 1) * per],
+                                           self.cfg, shard_seed(rollout_seed(self.cfg.optim.seed, step), k))
+                for t in (t for ts in part for t in ts):
+                    t.question += i * per  # the question's index among this rank's questions
+                trees += part
+                leds += ledgers(part, stats)
+        return trees, leds
 
     # ---- log-probs and the update ----------------------------------------------------------------
     def _micro(self, rows: Rows, idx: torch.Tensor) -> Micro:
@@ -238,7 +262,7 @@ class Trainer:
     def _micro_loss(self, rows: Rows, mb: Micro, old: torch.Tensor | None, ref: torch.Tensor | None,
                     weight: float) -> dict:
         o = self.cfg.optim
-        logp, logits = self._forward_logprobs(self.policy.model, mb)
+        logp, logits = self._forward_logprobs(self.train_model, mb)
         mask = rows.mask[mb.idx, :logp.shape[1]].to(logp.device).float()
         ent = entropy_from_logits(logits if o.entropy_coef > 0 else logits.detach())
         loss, stats = grpo_loss(logp, logp.detach() if old is None else old, rows.adv[mb.idx].to(logp.device), mask,
@@ -252,20 +276,20 @@ class Trainer:
         return stats
 
     def _micro_batches(self, rows: Rows) -> list[list[Micro]]:
-        """Micro-batches per PPO mini-batch (consecutive questions). Inside a mini-batch the trees go longest
-        first (by their longest row), a tree's rows together, so a micro-batch holds rows of like width and
-        little padding; the loss weights make the order immaterial up to float summation order."""
+        """Micro-batches per PPO mini-batch (consecutive questions of each rollout shard, tg.distributed). Inside a
+        mini-batch the trees go longest first (by their longest row), a tree's rows together, so a micro-batch
+        holds rows of like width and little padding; the loss weights make the order immaterial up to float
+        summation order."""
         o = self.cfg.optim
-        q = torch.tensor(rows.question)
-        lens = rows.attn.sum(1).tolist()
+        per, mini_per = o.prompts_per_step // self.par.shards, o.mini_batch_prompts // self.par.shards
+        mini = torch.tensor([minibatch_of(q, per, mini_per) for q in rows.question])
         longest: dict[int, int] = {}
-        for t, n in zip(rows.tree, lens):
+        for t, n in zip(rows.tree, rows.attn.sum(1).tolist()):
             longest[t] = max(longest.get(t, 0), n)
-        firsts = sorted(set(rows.question))
         out = []
-        for b in range(0, len(firsts), o.mini_batch_prompts):
-            idx = torch.nonzero(torch.isin(q, torch.tensor(firsts[b:b + o.mini_batch_prompts]))).flatten().tolist()
-            idx = torch.tensor(sorted(idx, key=lambda r: (-longest[rows.tree[r]], rows.tree[r], r)))
+        for b in range(int(mini.max()) + 1):
+            idx = torch.nonzero(mini == b).flatten().tolist()
+            idx = torch.tensor(sorted(idx, key=lambda r: (-longest[rows.tree[r]], rows.tree[r], r)), dtype=torch.long)
             out.append([self._micro(rows, i) for i in idx.split(o.micro_batch_rows)])
         return out
 
@@ -282,13 +306,16 @@ class Trainer:
         logprob_s = time.perf_counter() - t0
         stats: dict[str, float] = {}
         for mini in minis:
-            total = sum(float(sizes[mb.idx].sum()) for mb in mini)
+            local = sum(float(sizes[mb.idx].sum()) for mb in mini)
+            total = self.par.sum(local)
             stats = {}
-            for mb in mini:
-                weight = float(sizes[mb.idx].sum()) / total
-                part = self._micro_loss(rows, mb, next(old) if old else None, next(ref) if ref else None, weight)
-                for k, v in part.items():  # the mini-batch's aggregate: micro-batch values weighted like the loss
-                    stats[k] = stats.get(k, 0.0) + weight * float(v)
+            for i, mb in enumerate(mini):
+                size = float(sizes[mb.idx].sum())
+                with self.par.accumulate(self.train_model, last=i == len(mini) - 1):
+                    part = self._micro_loss(rows, mb, next(old) if old else None, next(ref) if ref else None,
+                                            self.par.grad_weight(size, total))
+                for k, v in part.items():  # this rank's mini-batch aggregate: micro-batch values weighted like the loss
+                    stats[k] = stats.get(k, 0.0) + size / local * float(v)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), o.grad_clip)
             if not torch.isfinite(grad_norm):
                 self.optimizer.zero_grad(set_to_none=True)
@@ -305,8 +332,9 @@ class Trainer:
 
     # ---- one step ----------------------------------------------------------------------------------
     def step(self) -> dict[str, float]:
+        """One training step; every rank returns the same metrics row (gathered over the ranks)."""
         o, s = self.cfg.optim, self.step_done
-        questions = self.batch_questions(s)
+        questions = self.my_questions(s)
         t0 = time.perf_counter()
         try:
             trees, leds = self.rollout(questions, s)
@@ -322,7 +350,10 @@ class Trainer:
                               singleton=o.adv_singleton)
         stats = self.update(build_rows(flat, adv.total, self.pad_id))
         self.step_done += 1
-        led = Ledger.total(leds).per(len(questions))
+        stats.update(rollout_s=t1 - t0, update_s=time.perf_counter() - t1 - stats["logprob_s"])
+        if self.par.world > 1:
+            sc, leds, adv, stats = gather_step(self.par, sc, leds, adv, stats)
+        led = Ledger.total(leds).per(o.prompts_per_step)
         return {"step": self.step_done, "reward": float(np.mean(sc["reward"])), "em": float(np.mean(sc["em"])),
                 "format_valid": float(np.mean(sc["valid"])), "tool_calls": led["tool_calls"],
                 "tool_calls_per_traj": float(np.mean(sc["calls"])), "generated": led["generated"],
@@ -333,26 +364,30 @@ class Trainer:
                 "adv_intra_std": float(adv.intra.std()), "adv_inter_std": float(adv.inter.std()),
                 **{k: stats[k] for k in ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm", "lr",
                                          "sync_maxdiff") if k in stats},
-                "rollout_s": t1 - t0, "logprob_s": stats["logprob_s"],
-                "update_s": time.perf_counter() - t1 - stats["logprob_s"]}
+                **{k: stats[k] for k in ("rollout_s", "logprob_s", "update_s")}}
 
     # ---- checkpoints --------------------------------------------------------------------------------
     @property
     def checkpoint_path(self) -> Path:
         return self.run_dir / "checkpoint.pt"
 
-    def save_checkpoint(self) -> Path:
+    def save_checkpoint(self) -> Path | None:
         """Weights (adapter for LoRA), optimiser, scheduler, every RNG, step (tg.rundir.write_checkpoint: the
-        previous checkpoint stays until the new one reads back). Non-finite weights are never saved."""
-        weights = self.policy.state_dict()
+        previous checkpoint stays until the new one reads back). Non-finite weights are never saved.
+        Every rank calls it; rank 0 writes the file (with every rank's RNG state) and returns its path."""
+        weights = self.par.model_state(self.policy)
+        optim = self.par.optim_state(self.policy, self.optimizer)
+        rngs = self.par.rng_states()
+        if not self.par.is_main:
+            return None
         bad = [k for k, v in weights.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
         if bad:
             raise NonFiniteError(f"step {self.step_done}: {len(bad)} of {len(weights)} weight tensors are not finite "
                                  f"(first: {bad[0]}); no checkpoint written, {self.checkpoint_path} is kept")
-        state = {"weights": weights, "optimizer": self.optimizer.state_dict(),
-                 "scheduler": self.scheduler.state_dict(), "step": self.step_done,
-                 "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
-                         "torch": torch.get_rng_state()}, "config": self.cfg.to_dict()}
+        state = {"weights": weights, "optimizer": optim, "scheduler": self.scheduler.state_dict(),
+                 "step": self.step_done, "rng": rngs[0], "config": self.cfg.to_dict()}
+        if self.par.world > 1:
+            state["rng_ranks"] = rngs
         return write_checkpoint(self.run_dir, state)
 
     def load_checkpoint(self) -> int:
@@ -362,21 +397,24 @@ class Trainer:
             logger.warning("%s; resuming from the previous checkpoint %s (step %d)", loaded.skipped, loaded.path,
                            loaded.state["step"])
         state = loaded.state
-        self.policy.load_state_dict(state["weights"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.par.load_model_state(self.policy, state["weights"])
+        self.par.load_optim_state(self.policy, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        random.setstate(state["rng"]["python"])
-        np.random.set_state(state["rng"]["numpy"])
-        torch.set_rng_state(state["rng"]["torch"])
+        ranks = state.get("rng_ranks", [state["rng"]])
+        # the same world size restores each rank's own RNG; another one (same rollout_shards) restarts them
+        # from rank 0's: rollouts draw from their own seeded generators, so the samples are the same
+        set_rng_state(ranks[self.par.rank] if len(ranks) == self.par.world else state["rng"])
         self.step_done = state["step"]
         return self.step_done
 
     # ---- the loop -------------------------------------------------------------------------------------
     def fit(self, steps: int | None = None, resume: bool = False, progress: bool = True) -> list[dict]:
         """Train to `steps` (default optim.steps); append metrics to metrics.jsonl; checkpoint every K steps.
-        Holds the run directory's lock (tg.rundir.run_lock) throughout: one run per directory at a time."""
-        with run_lock(self.run_dir):
-            return self._fit(steps or self.cfg.optim.steps, resume, progress)
+        Holds the run directory's lock (tg.rundir.run_lock) throughout: one run per directory at a time.
+        Over several ranks every rank calls it; rank 0 alone locks and writes (tg.distributed, 6)."""
+        with run_lock(self.run_dir) if self.par.is_main else contextlib.nullcontext():
+            with failures_as_rank_lost(self.par.world):
+                return self._fit(steps or self.cfg.optim.steps, resume, progress)
 
     def _fit(self, total: int, resume: bool, progress: bool) -> list[dict]:
         metrics_path = self.run_dir / "metrics.jsonl"
@@ -387,14 +425,19 @@ class Trainer:
         kept = [json.loads(x) for x in metrics_path.read_text().splitlines()] if metrics_path.exists() and resume else []
         kept = [r for r in kept if r["step"] <= self.step_done]
         self.engine.sync(self.policy.model, self.probe)  # a separate engine serves the (resumed) policy from step one
-        atomic_write_text(metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
+        main = self.par.is_main
+        if main:
+            atomic_write_text(metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
         every = self.cfg.optim.checkpoint_every
-        bar = tqdm(total=total, initial=self.step_done, desc="train", disable=not progress)
+        bar = tqdm(total=total, initial=self.step_done, desc="train", disable=not (progress and main))
         while self.step_done < total:
             row = self.step()
             kept.append(row)
-            with metrics_path.open("a") as f:
-                f.write(json.dumps(row) + "\n")
+            if main:
+                with metrics_path.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+                for report in self.reporters:
+                    report(row)
             if (every and self.step_done % every == 0) or self.step_done == total:
                 self.save_checkpoint()
             bar.update(1)

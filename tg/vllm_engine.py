@@ -176,6 +176,8 @@ class VLLMEngine:
     seed:                 `LLM(seed=...)`: seeds vLLM's generators at start-up (a CPU engine with
                           multiprocessing=True samples from that one stream; see the module docstring, 5).
     dtype:                'auto' = float32 on CPU, bfloat16 on GPU (as tg.policy.resolve_dtype).
+    data_parallel_size:   under torchrun with that many ranks: one engine per rank on its own GPU, each
+                          sampling its own rows (vLLM's `external_launcher` data-parallel mode; GPU only).
     enforce_eager:        no torch.compile / CUDA graphs: `LLM()` ~3 s instead of 30-90 s on CPU.
     multiprocessing:      run vLLM's engine core in a subprocess (its default); False keeps it in-process:
                           on CPU ~4 s to start instead of ~35 s, no `if __name__ == "__main__"` guard, and
@@ -185,7 +187,7 @@ class VLLMEngine:
     def __init__(self, model_dir: str | Path, tokenizer: Any, *, lora: bool = False, max_lora_rank: int = 16,
                  max_model_len: int | None = None, kv_cache_space_gib: float = 1.0,
                  gpu_memory_utilization: float = 0.5, block_size: int = 32, seed: int = 0, dtype: str = "auto",
-                 enforce_eager: bool = True, multiprocessing: bool = False, log_level: str = "WARNING") -> None:
+                 data_parallel_size: int = 1, enforce_eager: bool = True, multiprocessing: bool = False, log_level: str = "WARNING") -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocessing else "0"
         vllm = import_vllm()
         from vllm.platforms import current_platform
@@ -212,6 +214,8 @@ class VLLMEngine:
             kw["kv_cache_memory_bytes"] = int(kv_cache_space_gib * 2**30)
         else:
             kw["gpu_memory_utilization"] = gpu_memory_utilization
+        if data_parallel_size > 1:
+            kw.update(data_parallel_size=data_parallel_size, distributed_executor_backend="external_launcher")
         if lora:
             kw.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1, max_cpu_loras=1)
         self.max_lora_rank = max_lora_rank
