@@ -56,7 +56,7 @@ def _check_rerun(path, cell, tmp_path):
     from tg import rerun
     with mock.patch.object(rerun, "experiments", lambda: {"smoke": [cell]}):
         lines = []
-        assert rerun.rerun(path, cell.name, 0, run_dir=tmp_path / "again", out=lines.append)
+        assert rerun.rerun(path, cell.name, 0, run_dir=tmp_path / "again", out=lines.append).equal
         assert lines[-1] == "identical to the committed values" and sum("| yes |" in x for x in lines) == 2
         assert sum(": equal" in x for x in lines) == 2
         steps = mini.steps_path(path)
@@ -67,7 +67,7 @@ def _check_rerun(path, cell, tmp_path):
             w.writeheader()
             w.writerows(rows)
         lines = []
-        assert not rerun.rerun(path, cell.name, 0, steps=2, run_dir=tmp_path / "third", out=lines.append)
+        assert not rerun.rerun(path, cell.name, 0, steps=2, run_dir=tmp_path / "third", out=lines.append).equal
         assert sum("| no: kl |" in x for x in lines) == 1 and lines[-1] == "not identical to the committed values"
     other = mini.Cell(cell.name, "train", cell.overrides + ("optim.lr=0.5",), seeds=(0,), points=cell.points)
     with mock.patch.object(rerun, "experiments", lambda: {"smoke": [other]}), \

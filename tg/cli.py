@@ -220,7 +220,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         if len(args.cell_seed) != 2 or not args.cell_seed[1].isdigit():
             raise ConfigError("tg mini rerun needs GRID CELL SEED, e.g. tg mini rerun budget multi-hop/hard/tree 0")
         path = rerun.grid_csv(args.experiment or "", args.root)
-        return 0 if rerun.rerun(path, args.cell_seed[0], int(args.cell_seed[1]), steps=args.steps) else 1
+        return 0 if rerun.rerun(path, args.cell_seed[0], int(args.cell_seed[1]), steps=args.steps).equal else 1
     if args.command == "mini":
         from tg import claims, mini, report, summary
         print(mini.describe(args.experiment), flush=True)

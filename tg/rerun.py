@@ -83,10 +83,20 @@ def _same(committed_value: str, value: float) -> bool:
     return c == value or (math.isnan(c) and math.isnan(value))
 
 
+@dataclass(frozen=True)
+class Rerun:
+    """What a rerun found: whether every compared value equals the committed one, the fresh per-step
+    metrics, and the committed rows."""
+
+    equal: bool
+    steps: list[dict]
+    committed: Committed
+
+
 def rerun(path: Path, cell_name: str, seed: int, steps: int | None = None, run_dir: str | Path | None = None,
-          out: Callable[[str], None] = print) -> bool:
+          out: Callable[[str], None] = print) -> Rerun:
     """Retrain (cell, seed) to its evaluation points, or to `steps` only, comparing each step's metrics and
-    each evaluation with the committed values. Returns whether every compared value is equal."""
+    each evaluation with the committed values."""
     from tg.commands import build_run, evaluate_model
     from tg.mini import _eval_columns
     c = committed(path, cell_name, seed)
@@ -107,7 +117,7 @@ def rerun(path: Path, cell_name: str, seed: int, steps: int | None = None, run_d
     out(f"committed on {made_on}; now on {machine()}")
     out("| step | reward committed | reward now | grad_norm committed | grad_norm now | metrics equal |")
     out("|---|---|---|---|---|---|")
-    equal, done = True, 0
+    equal, done, metrics = True, 0, []
     for p in points:
         metrics = run.trainer.fit(steps=p, resume=done > 0, progress=False)
         for m in metrics[done:]:
@@ -125,4 +135,4 @@ def rerun(path: Path, cell_name: str, seed: int, steps: int | None = None, run_d
             equal &= same
             out(f"evaluation at step {p} (committed -> now): {pairs}: {'equal' if same else 'DIFFERENT'}")
     out(f"{'identical' if equal else 'not identical'} to the committed values")
-    return equal
+    return Rerun(equal, metrics, c)
