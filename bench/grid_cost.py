@@ -11,7 +11,7 @@ one torch thread per worker (`tg mini run --workers 2` on 2 cores halves the wal
 shorter than late ones (a policy that learns to search reads more), so the projection is a lower bound on
 a real rerun, whose own timers are in its rows (`train_s`, `eval_s`).
 
-    .venv/bin/python bench/grid_cost.py [--steps 2] [--grids budget shapes ablation sweep]
+    .venv/bin/python bench/grid_cost.py [--steps 2] [--grids budget shapes ablation sweep] [--write bench/README.md]
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import torch
+from _blocks import write_section
 
 from tg.commands import build_run, evaluate_model
 from tg.mini import cell_config, experiments, regime_of
@@ -74,6 +76,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=2, help="timed steps per group (after one untimed step)")
     ap.add_argument("--grids", nargs="+", default=list(GRIDS), choices=GRIDS)
+    ap.add_argument("--write", default=None, help="replace the grid_cost section of this markdown file")
     args = ap.parse_args()
     torch.set_num_threads(1)
     grids = tuple(args.grids)
@@ -81,13 +84,13 @@ def main() -> None:
                                    check=True).stdout.split()[-1])
     groups = training_runs(grids)
     some = next(c for g in grids for c in experiments()[g] if c.kind == "train")
-    steps, every, points = some_cfg = (cell_config(some, 0).optim.steps, cell_config(some, 0).optim.checkpoint_every,
+    steps, every, points = (cell_config(some, 0).optim.steps, cell_config(some, 0).optim.checkpoint_every,
                                        len(some.points))
-    print(f"worker start-up {startup:.1f} s; per run: {steps} steps, {points} evaluations, "
-          f"{steps // every} checkpoints; {args.steps} timed steps per group, one torch thread\n")
-    print("| start | setting | (M,N,L) | runs | rollout s | ref log-prob s | update s | step s | checkpoint s "
-          "| eval s | run s | group h |")
-    print("|---" * 12 + "|")
+    lines = [f"`bench/grid_cost.py --steps {args.steps}`: worker start-up {startup:.1f} s; per run: {steps} steps, "
+             f"{points} evaluations, {steps // every} checkpoints; {args.steps} timed steps per group, one torch thread.",
+             "", "| start | setting | (M,N,L) | runs | rollout s | ref log-prob s | update s | step s | checkpoint s "
+             "| eval s | run s | group h |", "|---" * 12 + "|"]
+    print("\n".join(lines), flush=True)
     total = 0.0
     pieces = defaultdict(float)
     for key, runs in sorted(groups.items(), key=lambda kv: kv[0]):
@@ -101,12 +104,16 @@ def main() -> None:
         pieces["startup_s"] += len(runs) * startup
         total += len(runs) * run_s
         regime, setting, M, N, L = key
-        print(f"| {regime} | {setting} | ({M},{N},{L}) | {len(runs)} | {t['rollout_s']:.2f} | {t['logprob_s']:.2f} "
-              f"| {t['update_s']:.2f} | {step:.2f} | {t['checkpoint_s']:.2f} | {t['eval_s']:.1f} | {run_s:.0f} "
-              f"| {len(runs) * run_s / 3600:.2f} |", flush=True)
-    print(f"\n{sum(len(r) for r in groups.values())} runs: {total / 3600:.1f} CPU hours of one thread, "
-          f"{total / 7200:.1f} h on 2 cores with 2 workers")
-    print("share: " + ", ".join(f"{k[:-2]} {v / total:.0%}" for k, v in pieces.items()))
+        lines.append(f"| {regime} | {setting} | ({M},{N},{L}) | {len(runs)} | {t['rollout_s']:.2f} | "
+                     f"{t['logprob_s']:.2f} | {t['update_s']:.2f} | {step:.2f} | {t['checkpoint_s']:.2f} | "
+                     f"{t['eval_s']:.1f} | {run_s:.0f} | {len(runs) * run_s / 3600:.2f} |")
+        print(lines[-1], flush=True)
+    lines += ["", f"{sum(len(r) for r in groups.values())} runs: {total / 3600:.1f} CPU hours of one thread, "
+              f"{total / 7200:.1f} h on 2 cores with 2 workers; shares: "
+              + ", ".join(f"{k[:-2]} {v / total:.0%}" for k, v in pieces.items()) + "."]
+    print(lines[-1])
+    if args.write:
+        write_section(Path(args.write), "grid_cost", "\n".join(lines))
 
 
 if __name__ == "__main__":

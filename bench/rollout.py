@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from _blocks import write_section
+
 from tg.budget import Ledger, chain_equivalent_budget, ledgers
 from tg.config import load_config
 from tg.engine import HFEngine, Sampling
@@ -104,7 +106,7 @@ def main() -> None:
              + render(runs, configs, len(prompts), args.reps))
     print(table)
     if args.write:
-        write_section(Path(args.write), table)
+        write_section(Path(args.write), "rollout", table)
 
 
 def provenance(threads: int, load_before: tuple[float, ...], with_vllm: bool, policy: str) -> str:
@@ -149,16 +151,6 @@ def render(runs: dict[str, list[Ledger]], configs: list, n_q: int, reps: int) ->
             f"| {_median(r, 'tool_calls', 't', n_q):.2f} | {_median(r, 'seconds', 'q', n_q):.3f} | {s_t:.4f} "
             f"| {gen_t / ref_gen:.2f}x | {s_t / ref_s:.2f}x | {vs_hf} |")
     return "\n".join(lines)
-
-
-def write_section(path: Path, table: str, begin: str = "<!-- rollout:begin -->", end: str = "<!-- rollout:end -->") -> None:
-    text = path.read_text() if path.exists() else ""
-    block = f"{begin}\n{table}\n{end}"
-    if begin in text:
-        text = text[: text.index(begin)] + block + text[text.index(end) + len(end):]
-    else:
-        text += "\n" + block + "\n"
-    path.write_text(text)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ questions per step), the chain first; the trainer's own timers split each step i
 (`rollout_s`), reference/old log-probs (`logprob_s`) and the rest of the update (`update_s`). The
 first step of each run is dropped (warm-up); the table gives medians and tree / chain ratios.
 
-    .venv/bin/python bench/step_split.py [--steps 6] [--threads 2]
+    .venv/bin/python bench/step_split.py [--steps 6] [--threads 2] [--write bench/README.md]
 """
 
 from __future__ import annotations
@@ -15,7 +15,10 @@ import argparse
 import statistics
 import tempfile
 
+from pathlib import Path
+
 import torch
+from _blocks import write_section
 
 from tg.commands import build_run
 from tg.config import load_config
@@ -30,6 +33,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--write", default=None, help="replace the step_split section of this markdown file")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cfg = load_config("cpu")
@@ -41,11 +45,16 @@ def main() -> None:
         medians[name]["step_s"] = statistics.median(sum(r[p] for p in PARTS) for r in rows)
     chain = medians["chain G=4"]
     others = [n for n in medians if n != "chain G=4"]
-    print(f"| part | {' | '.join(medians)} | {' | '.join(f'{n} / chain' for n in others)} |")
-    print("|---" * (1 + len(medians) + len(others)) + "|")
+    lines = [f"`bench/step_split.py --steps {args.steps} --threads {args.threads}`: medians of {args.steps - 1} steps "
+             "after one untimed step.", "",
+             f"| part | {' | '.join(medians)} | {' | '.join(f'{n} / chain' for n in others)} |",
+             "|---" * (1 + len(medians) + len(others)) + "|"]
     for part in (*PARTS, "step_s"):
         cells = [f"{m[part]:.2f} s" for m in medians.values()] + [f"{medians[n][part] / chain[part]:.2f}x" for n in others]
-        print(f"| {part} | {' | '.join(cells)} |")
+        lines.append(f"| {part} | {' | '.join(cells)} |")
+    print("\n".join(lines))
+    if args.write:
+        write_section(Path(args.write), "step_split", "\n".join(lines))
 
 
 if __name__ == "__main__":

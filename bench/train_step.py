@@ -35,12 +35,13 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is flagge
 
 import torch
 
+from _blocks import write_section
+
 from tg.config import load_config
 from tg.finetune import trainable_policy
 from tg.policy import build_tokenizer, save_policy, tiny_qwen2_config
 from tg.trainer import Rows, Trainer
 
-BEGIN, END = "<!-- train_step:begin -->", "<!-- train_step:end -->"
 
 
 def tiny_checkpoint(directory: Path, cfg, n_words: int = 300) -> Path:
@@ -173,17 +174,6 @@ def render(times: dict[str, list[float]], threads: int, finetune: str, prompts: 
     return "\n".join(lines)
 
 
-def write_section(path: Path, table: str) -> None:
-    """Replace (or append) the text between the train_step markers; other sections are left alone."""
-    text = path.read_text() if path.exists() else ""
-    block = f"{BEGIN}\n{table}\n{END}"
-    if BEGIN in text:
-        text = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END):]
-    else:
-        text += ("\n" if text else "") + block + "\n"
-    path.write_text(text)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=7, help="timed repeats per side (plus one warm-up)")
@@ -202,7 +192,7 @@ def main() -> None:
     table = render(times, a.threads, a.finetune, *shape)
     print(table)
     if a.write:
-        write_section(Path(a.write), table)
+        write_section(Path(a.write), "train_step", table)
 
 
 if __name__ == "__main__":
