@@ -17,7 +17,7 @@ import tempfile
 
 import torch
 
-from tg.commands import build_run
+from tg.pipeline import build_run
 from tg.config import load_config
 
 PARTS = ("rollout_s", "logprob_s", "update_s")
