@@ -26,8 +26,8 @@ from collections import defaultdict
 
 import torch
 
-from tg.pipeline import build_run, evaluate_model
 from tg.experiments.mini import cell_config, experiments, regime_of
+from tg.pipeline import build_run, evaluate_model
 
 GRIDS = ("budget", "shapes", "ablation", "sweep")
 PARTS = ("rollout_s", "logprob_s", "update_s")

@@ -29,14 +29,14 @@ from pathlib import Path
 
 import torch
 
+from tg.agent.policy import load_policy
+from tg.agent.protocol import prompt_ids
+from tg.agent.warmup import machine
 from tg.budget import Ledger, chain_equivalent_budget, ledgers
 from tg.config import load_config
 from tg.engines.engine import HFEngine, Sampling
 from tg.pipeline import load_resources
-from tg.agent.policy import load_policy
-from tg.agent.protocol import prompt_ids
 from tg.tree import sample_trees
-from tg.agent.warmup import machine
 
 CONFIGS = [  # name, (M, N, L), prefix reuse, the chain of its budget on the same engine, the HF row it repeats
     ("chain G=4", (4, 0, 0), True, "chain G=4", None),

@@ -35,9 +35,9 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is flagge
 
 import torch
 
-from tg.config import load_config
 from tg.agent.finetune import trainable_policy
 from tg.agent.policy import build_tokenizer, save_policy, tiny_qwen2_config
+from tg.config import load_config
 from tg.trainer import Rows, Trainer
 
 BEGIN, END = "<!-- train_step:begin -->", "<!-- train_step:end -->"

@@ -13,7 +13,8 @@ from figures import SCRIPTS, _common as c
 
 def main(argv: list[str] | None = None) -> list[Path]:
     p = argparse.ArgumentParser(prog="python -m figures", description=__doc__)
-    p.add_argument("names", nargs="*", metavar="NAME", help=f"figure scripts to run (default: all): {', '.join(SCRIPTS)}")
+    p.add_argument("names", nargs="*", metavar="NAME",
+                   help=f"figure scripts to run (default: all): {', '.join(SCRIPTS)}")
     p.add_argument("--root", type=Path, default=c.ROOT, help="repository root holding results/ (default: this repo)")
     args = p.parse_args(argv)
     if set(args.names) - set(SCRIPTS):

@@ -1,5 +1,5 @@
-"""The claims table (tg.experiments.claims, tg.experiments.report): the declared family against the grids, the rules of claims 1 and 7,
-and the generated README blocks against the committed CSVs."""
+"""The claims table (tg.experiments.claims, tg.experiments.report): the declared family against the grids, the
+rules of claims 1 and 7, and the generated README blocks against the committed CSVs."""
 
 import shutil
 from pathlib import Path
@@ -7,8 +7,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tg.experiments import claims, mini, report
 from tg.config import ConfigError
+from tg.experiments import claims, mini, report
 
 REPO = Path(__file__).parents[1]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tg import cli
-from tg.cli import main
 from tg.agent.warmup import PolicyError
+from tg.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from tg.config import load_config
-from tg.gpu.distributed import Parallel, merge_scores, minibatch_of, shard_seed, shard_slices, with_shards
 from tg.config_values import ConfigError
+from tg.gpu.distributed import Parallel, merge_scores, minibatch_of, shard_seed, shard_slices, with_shards
 
 TOL = 1e-4
 """Max |weight difference| after two steps (four AdamW updates at lr 1e-3) between two ranks and one process:
@@ -38,9 +38,9 @@ def _trainer(c, run_dir, parallel=None):
     from tg.agent.env import SearchEnv
     from tg.agent.finetune import trainable_policy
     from tg.agent.retrieval import CachedRetriever, bm25_for
-    from tg.trainer import Trainer
     from tg.agent.warmup import warmed_up_policy
     from tg.agent.world import ensure_world
+    from tg.trainer import Trainer
     world = ensure_world(c.data, c.cache_dir)
     policy = warmed_up_policy(load_config("cpu"))
     tok = AutoTokenizer.from_pretrained(policy)

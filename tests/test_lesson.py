@@ -1,4 +1,5 @@
-"""tg.experiments.lesson: the exercise self-check (blank -> NotAnswered, or the solution under TG_SOLUTIONS=1) and set-up."""
+"""tg.experiments.lesson: the exercise self-check (blank -> NotAnswered, or the solution under TG_SOLUTIONS=1)
+and set-up."""
 
 import os
 

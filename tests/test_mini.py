@@ -4,10 +4,10 @@ import csv
 
 import pytest
 
-from tg.experiments import mini, summary
+from tg.agent.warmup import PINNED_DIR
 from tg.budget import matched_chain_group
 from tg.config import ConfigError
-from tg.agent.warmup import PINNED_DIR
+from tg.experiments import mini, summary
 from tg.store.files import append_csv_rows
 
 
@@ -224,10 +224,10 @@ def test_starting_policies_are_the_ones_behind_the_committed_results(regime):
     regime says, to the question."""
     from pathlib import Path
 
-    from tg.pipeline import evaluate_model
-    from tg.config import load_config
-    from tg.pipeline import load_resources
     from tg.agent.policy import load_policy
+    from tg.config import load_config
+    from tg.pipeline import evaluate_model
+    from tg.pipeline import load_resources
     cell = f"multi-hop/{regime}/start"
     row = next(r for r in _rows(Path(__file__).parents[1] / "results" / "mini" / "budget.csv") if r["cell"] == cell)
     cfg = load_config("cpu", *mini.REGIMES[regime], "data.setting=multi-hop")

@@ -100,7 +100,8 @@ def test_no_tg_logic_defined_inline(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_set_up_in_one_call_and_no_preset_branching(path):
     first = _cells(path)[0]
-    assert re.search(r"^\w+ = setup\(", first, re.M), f"{path.name}: the first code cell should call tg.experiments.lesson.setup"
+    assert re.search(r"^\w+ = setup\(", first, re.M), \
+        f"{path.name}: the first code cell should call tg.experiments.lesson.setup"
     assert "verbose=False" not in first, f"{path.name}: setup() prints the config first; keep verbose on"
     code = "\n".join(_cells(path))
     assert "TG_PRESET" not in code and ".preset ==" not in code and "load_config()" not in code

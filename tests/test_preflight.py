@@ -10,10 +10,10 @@ import json
 import pytest
 import torch
 
-from tg.gpu import preflight
+from tg.agent.data import prepare_corpus
 from tg.cli import main
 from tg.config import ConfigError, load_config
-from tg.agent.data import prepare_corpus
+from tg.gpu import preflight
 from tg.gpu.doctor import Matrix, compare, read_matrix
 from tg.gpu.estimate import (GIB, QWEN2_5_1_5B, Workload, activation_bytes, kv_bytes_per_token, largest_fitting,
                          lora_params, memory_estimate, param_counts, run_seconds, step_seconds, trainable_bytes,

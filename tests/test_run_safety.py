@@ -20,7 +20,8 @@ from tg.store.files import append_csv_rows
 from tg.store.rundir import RunDirError, run_lock, training_differences
 
 WRITERS, APPENDS = 4, 100
-HOLD = "import sys; from tg.store.rundir import run_lock\nwith run_lock(sys.argv[1]):\n    print('held', flush=True)\n" \
+HOLD = "import sys; from tg.store.rundir import run_lock\n" \
+       "with run_lock(sys.argv[1]):\n    print('held', flush=True)\n" \
        "    sys.stdin.read()\n"
 
 

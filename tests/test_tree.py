@@ -6,15 +6,15 @@ import pytest
 import torch
 
 import tg.tree
+from tg.agent.policy import load_policy
+from tg.agent.protocol import Action, Step, prompt_ids
+from tg.agent.warmup import warmed_up_policy
 from tg.budget import Ledger, chain_equivalent_budget, ledgers, matched_chain_group, measured_equivalent, recount
 from tg.engines.engine import HFEngine, PrefillStats, Sampling
 from tg.engines.kvcache import PrefixStore
 from tg.loss import token_logprobs
-from tg.agent.protocol import Action, Step, prompt_ids
-from tg.agent.policy import load_policy
 from tg.rollout import Episode, Start
 from tg.tree import Node, Tree, choose_nodes, expansion_candidates, sample_trees
-from tg.agent.warmup import warmed_up_policy
 
 
 def _trees(random_policy, make_env, questions, M, N, L, *, reuse=True, seed=0, rule="paper", max_turns=3):

@@ -1,5 +1,5 @@
-"""Verdicts by a declared rule (tg.experiments.verdict): the paired t-test and Holm's correction against reference values
-and their properties."""
+"""Verdicts by a declared rule (tg.experiments.verdict): the paired t-test and Holm's correction against reference
+values and their properties."""
 
 import math
 

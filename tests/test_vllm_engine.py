@@ -20,12 +20,12 @@ except VLLMSetupError as e:
 from peft import LoraConfig, get_peft_model  # noqa: E402
 from transformers import Qwen2ForCausalLM  # noqa: E402
 
-from tg.config import ModelConfig  # noqa: E402
-from tg.engines.engine import GenOut, HFEngine, Sampling  # noqa: E402
 from tg.agent.policy import save_policy, tiny_qwen2_config  # noqa: E402
 from tg.agent.protocol import STOP_STRINGS, prompt_ids  # noqa: E402
-from tg.tree import sample_trees  # noqa: E402
+from tg.config import ModelConfig  # noqa: E402
+from tg.engines.engine import GenOut, HFEngine, Sampling  # noqa: E402
 from tg.engines.vllm_engine import PolicySyncError, VLLMEngine, probe_logprobs  # noqa: E402
+from tg.tree import sample_trees  # noqa: E402
 
 TINY = ModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128)
 """Head size 32: the smallest vLLM's CPU attention supports."""
@@ -305,8 +305,8 @@ def test_qlora_trainer_is_served_its_dequantized_base(engine, policy, cfg, train
     the trainer's policy (max |d logprob| far past the tolerance); the trainer's first sync loads the NF4
     base, dequantized, and from then on the served policy matches the trainer's as closely as in fp32."""
     from tg.agent.finetune import dequantized_base, trainable_policy
-    from tg.trainer import Trainer
     from tg.engines.vllm_engine import SYNC_TOL
+    from tg.trainer import Trainer
     _, tok, env, prompts, path = policy
     c = _two_steps(cfg, "qlora")
     torch.manual_seed(0)
@@ -355,8 +355,8 @@ def test_evaluation_runs_on_the_rollout_engine(engine, policy, cfg, train_questi
     and transcripts as the HF engine's)."""
     from types import SimpleNamespace
 
-    from tg.pipeline import Run, evaluate_model, evaluate_run
     from tg.agent.finetune import trainable_policy
+    from tg.pipeline import Run, evaluate_model, evaluate_run
     from tg.trainer import Trainer
     _, tok, env, _, path = policy
     c = _two_steps(cfg, "lora").replace(eval=dict(batch_size=4))

@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 import torch
 
-from tg.config import Config, WarmupConfig, load_config
+from tg.agent import warmup
 from tg.agent.data import Question, load_split
-from tg.engines.engine import HFEngine
 from tg.agent.env import SearchEnv
-from tg.evaluate import evaluate
 from tg.agent.policy import build_tiny_policy, load_policy
 from tg.agent.protocol import format_observation, prompt_ids
-from tg.agent import warmup
+from tg.config import Config, WarmupConfig, load_config
+from tg.engines.engine import HFEngine
+from tg.evaluate import evaluate
 from tg.agent.warmup import (PINNED, PINNED_DIR, PolicyError, batches, collate, demonstration, lr_factor, machine,
                        masked_lm_loss, name_groups, pick_demonstrations, rename, renaming_tables, script, sha256_of,
                        short_prompt_ids, warmed_up_policy, warmup_dir)

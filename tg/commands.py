@@ -117,9 +117,9 @@ def world(cfg: Config) -> None:
 def warmup(cfg: Config, rebuild: Path | bool | None = None) -> EvalResult:
     """Load the starting policy (pinned, hash checked), or with `rebuild` train it anew (into the cache, or the
     directory given); print single-hop and multi-hop greedy EM and one transcript."""
-    from tg.pipeline import warmup_config
     from tg.agent.policy import load_policy
     from tg.agent.warmup import build_warmup
+    from tg.pipeline import warmup_config
     t0 = time.perf_counter()
     if rebuild is not None:
         built = build_warmup(warmup_config(cfg), None if rebuild is True else rebuild)

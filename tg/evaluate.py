@@ -13,13 +13,13 @@ from typing import Any, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
+from tg.agent.data import Question
+from tg.agent.env import SearchEnv
+from tg.agent.protocol import prompt_ids
 from tg.config import Config
 from tg.engines.engine import Engine, Sampling
-from tg.agent.env import SearchEnv
-from tg.store.files import provenance
-from tg.agent.data import Question
-from tg.agent.protocol import prompt_ids
 from tg.reward import answer_score
+from tg.store.files import provenance
 from tg.tree import sample_trees
 
 

@@ -38,15 +38,15 @@ import torch
 from tqdm.auto import tqdm
 
 from tg.advantage import tree_grpo_parts
+from tg.agent.data import Question
+from tg.agent.env import SearchEnv
+from tg.agent.finetune import TrainablePolicy
 from tg.budget import Ledger, ledgers
 from tg.config import Config
 from tg.engines.engine import Engine, HFEngine, Sampling
-from tg.agent.env import SearchEnv
-from tg.store.files import atomic_write_text
-from tg.agent.finetune import TrainablePolicy
 from tg.loss import entropy_from_logits, grpo_loss, token_logprobs
 from tg.packing import PackedBatch, pack_batch, packed_row_logits
-from tg.agent.data import Question
+from tg.store.files import atomic_write_text
 from tg.gpu.distributed import (Parallel, failures_as_rank_lost, gather_step, minibatch_of, set_rng_state, shard_seed,
                             shard_slices)
 from tg.agent.protocol import prompt_ids

@@ -52,8 +52,8 @@ from typing import Any, Iterator, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from tg.config import Config, ConfigError, WarmupConfig
 from tg.agent.policy import CHAT_TEMPLATE, build_tiny_policy, save_policy
+from tg.config import Config, ConfigError, WarmupConfig
 from tg.agent.protocol import (Step, Trajectory, build_prompt, format_observation, parse_action, prompt_ids,
                          user_turn_ids)
 from tg.agent.retrieval import Retriever, bm25_for

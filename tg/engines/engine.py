@@ -23,8 +23,8 @@ from typing import Any, Protocol, Sequence
 
 import torch
 
-from tg.engines.kvcache import GrowingCache, PrefixStore, grouped_attention
 from tg.agent.protocol import STOP_STRINGS
+from tg.engines.kvcache import GrowingCache, PrefixStore, grouped_attention
 
 
 @dataclass(frozen=True)

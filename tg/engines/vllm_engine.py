@@ -60,10 +60,10 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
-from tg.engines.engine import GenOut, PrefillStats, Sampling, StopChecker
 from tg.agent.finetune import dequantized_base
-from tg.engines.kvcache import PrefixStore
 from tg.agent.protocol import STOP_STRINGS
+from tg.engines.engine import GenOut, PrefillStats, Sampling, StopChecker
+from tg.engines.kvcache import PrefixStore
 
 log = logging.getLogger(__name__)
 

@@ -14,15 +14,15 @@ from typing import Any
 
 import numpy as np
 
-from tg.config import Config
 from tg.agent.data import is_single_hop
+from tg.agent.policy import load_policy
+from tg.agent.world import resolve
+from tg.config import Config
 from tg.engines.engine import HFEngine
 from tg.evaluate import EvalResult, result_row
 from tg.pipeline import Resources, build_run, evaluate_model, load_resources, method_name
-from tg.agent.policy import load_policy
 from tg.store.files import append_csv_rows
 from tg.trainer import leaf_rewards, sample_batch
-from tg.agent.world import resolve
 
 PAIR = {"chain GRPO, G=4": dict(M=4, N=0, L=0), "Tree-GRPO (2,2,1)": dict(M=2, N=2, L=1)}
 
@@ -90,9 +90,9 @@ def run_demo(cfg: Config, out_dir: str | Path = "figures") -> dict[str, dict]:
         histories[name] = run.trainer.fit()
         results[name] = evaluate_model(run.trainer.policy.model, run.tokenizer, run.resources, run_cfg)
         summaries[name] = _summary(results[name], histories[name], time.perf_counter() - t0)
-        append_csv_rows(resolve("results") / "demo.csv", [result_row(results[name], run_cfg, method=method_name(run_cfg),
-                                                                     model=cfg.model.name_or_path, seed=cfg.optim.seed,
-                                                                     step=run.trainer.step_done)])
+        row = result_row(results[name], run_cfg, method=method_name(run_cfg), model=cfg.model.name_or_path,
+                         seed=cfg.optim.seed, step=run.trainer.step_done)
+        append_csv_rows(resolve("results") / "demo.csv", [row])
     print("\n" + _table(summaries))
     path = draw_demo(histories, summaries, Path(resolve(out_dir)) / "demo_chain_vs_tree.png", cfg)
     print(f"\nfigure: {path}\n" + json.dumps(summaries, indent=1))

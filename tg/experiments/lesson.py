@@ -21,14 +21,14 @@ from typing import Any, Callable
 
 import torch
 
-from tg.config import Config, load_config
 from tg.agent.data import Question, is_single_hop
-from tg.engines.engine import HFEngine, Sampling
 from tg.agent.env import SearchEnv
-from tg.pipeline import Resources, load_resources
 from tg.agent.policy import load_policy
 from tg.agent.protocol import prompt_ids
 from tg.agent.world import resolve
+from tg.config import Config, load_config
+from tg.engines.engine import HFEngine, Sampling
+from tg.pipeline import Resources, load_resources
 
 SOLUTIONS_FILE = "notebooks/solutions.py"
 SOLUTIONS_ENV = "TG_SOLUTIONS"

@@ -251,8 +251,8 @@ def run_job(job: Job, root: Path) -> Iterator[dict]:
     elif kind == "ledger":
         yield {**_provenance(cfg, job.cell, job.seed, 0), **ledger_columns(cfg)}
     elif kind == "start":
-        from tg.pipeline import evaluate_model, load_resources
         from tg.agent.policy import load_policy
+        from tg.pipeline import evaluate_model, load_resources
         res = load_resources(cfg)
         model, tok = load_policy(res.policy_path)
         t0 = time.perf_counter()
@@ -272,10 +272,10 @@ def run_job(job: Job, root: Path) -> Iterator[dict]:
 def ledger_columns(cfg: Config, n_questions: int = 16) -> dict:
     """Claim 1: one batch of rollouts (the trainer's sampling at step 0) from the starting policy on the
     first `n_questions` training questions of the setting; the budget ledger per question and per trajectory."""
+    from tg.agent.policy import load_policy
     from tg.budget import Ledger, ledgers
     from tg.engines.engine import HFEngine
     from tg.pipeline import load_resources
-    from tg.agent.policy import load_policy
     from tg.trainer import rollout_seed, sample_batch
     res = load_resources(cfg)
     model, tok = load_policy(res.policy_path)
@@ -325,8 +325,8 @@ def run_experiment(name: str, workers: int = 2, root: str | Path | None = None,
     """Run every missing (cell, seed, point) of experiment `name`; rows go to <root>/results/mini/<name>.csv."""
     from tqdm.auto import tqdm
 
-    from tg.pipeline import load_resources
     from tg.agent.world import resolve
+    from tg.pipeline import load_resources
     cells = select_cells(name) if cells is None else cells
     root = Path(root) if root else resolve(".")
     path = root / "results" / "mini" / f"{name}.csv"

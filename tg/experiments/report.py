@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tg.experiments.claims import claims_report, load_frames
 from tg.config import ConfigError
-from tg.store.files import atomic_write_text
+from tg.experiments.claims import claims_report, load_frames
 from tg.experiments.summary import cost_table, report
+from tg.store.files import atomic_write_text
 
 GRIDS: dict[str, str] = {
     "ledger": "Claim 1: what a budget buys (`ledger.csv`, `figures/fig_mini_ledger.png`). One batch of rollouts "

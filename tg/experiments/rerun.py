@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from tg.config import ConfigError
 from tg.agent.data import DataError
+from tg.config import ConfigError
 from tg.experiments.mini import Cell, cell_config, experiments, steps_path
 from tg.trainer import METRICS
 
@@ -97,8 +97,8 @@ def rerun(path: Path, cell_name: str, seed: int, steps: int | None = None, run_d
           out: Callable[[str], None] = print) -> Rerun:
     """Retrain (cell, seed) to its evaluation points, or to `steps` only, comparing each step's metrics and
     each evaluation with the committed values."""
-    from tg.pipeline import build_run, evaluate_model
     from tg.experiments.mini import _eval_columns
+    from tg.pipeline import build_run, evaluate_model
     c = committed(path, cell_name, seed)
     cfg = cell_config(c.cell, seed)
     made = next(iter(c.rows.values()))["config_hash"]

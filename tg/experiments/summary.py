@@ -1,5 +1,6 @@
 """Reading `tg mini`'s CSVs back (results/mini/<experiment>.csv): per-grid summaries over seeds, and the
-markdown tables of results/mini/README.md's report (`tg mini report`; the claims' verdicts are `tg.experiments.claims`)."""
+markdown tables of results/mini/README.md's report (`tg mini report`; the claims' verdicts are
+`tg.experiments.claims`)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import pandas as pd
 
 def load_rows(name: str, root: str | Path | None = None) -> pd.DataFrame:
     """results/mini/<name>.csv as a DataFrame (ConfigError naming the command when it is missing)."""
-    from tg.config import ConfigError
     from tg.agent.world import resolve
+    from tg.config import ConfigError
     path = (Path(root) if root else resolve(".")) / "results" / "mini" / f"{name}.csv"
     if not path.exists():
         raise ConfigError(f"{path} does not exist: run `tg mini run {name}` first")

@@ -40,8 +40,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from tg.config import Config
 from tg.agent.data import SETTINGS, TEST_SIZES
+from tg.config import Config
 
 GIB = 2**30
 NF4_BYTES_PER_PARAM = 0.5 + 4 / 64
