@@ -1,4 +1,4 @@
-"""Measure `tg.retrieval.BM25Retriever` on a wiki-like synthetic corpus: build time, peak RAM, index size,
+"""Measure `tg.agent.retrieval.BM25Retriever` on a wiki-like synthetic corpus: build time, peak RAM, index size,
 load time and query latency, and extrapolate to wiki-18 (21,015,324 passages of ~100 words).
 
     .venv/bin/python bench/bm25_build.py --docs 100000 --words 100
@@ -38,7 +38,7 @@ def write_corpus(path: Path, n_docs: int, words: int, vocab: int, seed: int) -> 
 
 def child(corpus: Path, index_dir: Path) -> dict:
     """Build, save, load (mmap) and query the index; timings and this process's peak RSS."""
-    from tg.retrieval import BM25Retriever
+    from tg.agent.retrieval import BM25Retriever
 
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()

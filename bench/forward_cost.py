@@ -25,9 +25,9 @@ import time
 
 import torch
 
-import tg.engine
+import tg.engines.engine
 from rollout import run_once, setup  # bench/rollout.py: the same policy, questions and sampling
-from tg.engine import HFBatch, HFEngine
+from tg.engines.engine import HFBatch, HFEngine
 
 SHAPES = {"chain G=4": (4, 0, 0), "tree (2,2,1)": (2, 2, 1)}
 
@@ -35,7 +35,7 @@ SHAPES = {"chain G=4": (4, 0, 0), "tree (2,2,1)": (2, 2, 1)}
 def instrument(record: list[list[float]]) -> None:
     """Time every `HFBatch._forward` and the sampling after it; append [rows, block, cache columns,
     cached tokens, seconds] per forward (the sampling's seconds are added to its forward's)."""
-    forward, sample = HFBatch._forward, tg.engine.sample_next
+    forward, sample = HFBatch._forward, tg.engines.engine.sample_next
 
     def timed_forward(self: HFBatch, blocks, rows):
         shape = [len(self.pos), max(len(b) for b in blocks), self.attn.shape[1], sum(len(c) for c in self.cached)]
@@ -50,7 +50,7 @@ def instrument(record: list[list[float]]) -> None:
         record[-1][-1] += time.perf_counter() - t0
         return out
 
-    HFBatch._forward, tg.engine.sample_next = timed_forward, timed_sample
+    HFBatch._forward, tg.engines.engine.sample_next = timed_forward, timed_sample
 
 
 def fit(record: list[list[float]]) -> tuple[list[float], float]:

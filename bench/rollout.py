@@ -31,14 +31,14 @@ import torch
 
 from _blocks import write_section
 
+from tg.agent.policy import load_policy
+from tg.agent.protocol import prompt_ids
+from tg.agent.warmup import machine
 from tg.budget import Ledger, chain_equivalent_budget, ledgers
 from tg.config import load_config
-from tg.engine import HFEngine, Sampling
+from tg.engines.engine import HFEngine, Sampling
 from tg.pipeline import load_resources
-from tg.policy import load_policy
-from tg.protocol import prompt_ids
 from tg.tree import sample_trees
-from tg.warmup import machine
 
 CONFIGS = [  # name, (M, N, L), prefix reuse, the chain of its budget on the same engine, the HF row it repeats
     ("chain G=4", (4, 0, 0), True, "chain G=4", None),
@@ -88,7 +88,7 @@ def main() -> None:
     engines = {reuse: HFEngine(model, tok, prefix_reuse=reuse) for reuse in (True, False)}
     vllm = None
     if args.vllm:
-        from tg.vllm_engine import VLLMEngine
+        from tg.engines.vllm_engine import VLLMEngine
         vllm = VLLMEngine(res.policy_path, tok, seed=0)
     for engine in [engines[True], engines[False]] + ([vllm] if vllm else []):  # untimed: first-call costs
         run_once(engine, env, prompts[:2], (2, 2, 1), seed=10**6)

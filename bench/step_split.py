@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 from _blocks import write_section
 
-from tg.commands import build_run
 from tg.config import load_config
+from tg.pipeline import build_run
 
 PARTS = ("rollout_s", "logprob_s", "update_s")
 RUNS = {"chain G=4": (dict(M=4, N=0, L=0), False), "tree (2,2,1)": (dict(M=2, N=2, L=1), False),

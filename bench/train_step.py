@@ -37,9 +37,9 @@ import torch
 
 from _blocks import write_section
 
+from tg.agent.finetune import trainable_policy
+from tg.agent.policy import build_tokenizer, save_policy, tiny_qwen2_config
 from tg.config import load_config
-from tg.finetune import trainable_policy
-from tg.policy import build_tokenizer, save_policy, tiny_qwen2_config
 from tg.trainer import Rows, Trainer
 
 

@@ -1,4 +1,5 @@
-"""`python -m figures [--root DIR]` (or `make figures`): redraw every figure from the data under results/."""
+"""`python -m figures [NAME ...] [--root DIR]` (or `make figures`): redraw the named figures (all by default)
+from the data under results/."""
 
 from __future__ import annotations
 
@@ -11,11 +12,16 @@ from figures import SCRIPTS, _common as c
 
 
 def main(argv: list[str] | None = None) -> list[Path]:
-    p = argparse.ArgumentParser(description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m figures", description=__doc__)
+    p.add_argument("names", nargs="*", metavar="NAME",
+                   help=f"figure scripts to run (default: all): {', '.join(SCRIPTS)}")
     p.add_argument("--root", type=Path, default=c.ROOT, help="repository root holding results/ (default: this repo)")
-    root = p.parse_args(argv).root.resolve()
+    args = p.parse_args(argv)
+    if set(args.names) - set(SCRIPTS):
+        p.error(f"unknown figure(s) {sorted(set(args.names) - set(SCRIPTS))}; known: {', '.join(SCRIPTS)}")
+    root = args.root.resolve()
     paths = []
-    for name in SCRIPTS:
+    for name in args.names or SCRIPTS:
         t0 = time.perf_counter()
         script = importlib.import_module(f"figures.{name}")
         paths.append(c.save(script.draw(root), root, script.NAME))

@@ -12,9 +12,7 @@ writes them. This module imports matplotlib, pandas and numpy only (never torch)
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
-from typing import Callable
 
 import matplotlib
 
@@ -23,13 +21,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from tg.agent.data import SETTINGS  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 """The repository root: scripts read `<root>/results/` and write `<root>/figures/`."""
 
 PAPER = "paper (arXiv 2509.21240)"
 CHAIN_COLOR, TREE_COLOR = "tab:blue", "tab:orange"
-SINGLE_HOP = ("nq", "triviaqa", "popqa")
-MULTI_HOP = ("hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
+SINGLE_HOP, MULTI_HOP = SETTINGS["single-hop"][1], SETTINGS["multi-hop"][1]
+"""The paper's test sets of each setting (Table 1's two halves)."""
 
 
 def paper(root: Path, name: str) -> pd.DataFrame:
@@ -167,15 +167,6 @@ def save(fig: plt.Figure, root: Path, name: str) -> Path:
     plt.close(fig)
     return path
 
-
-def cli(draw: Callable[[Path], plt.Figure], name: str, argv: list[str] | None = None) -> Path:
-    """`python figures/fig_x.py [--root DIR]`: draw from `<root>/results/`, save to `<root>/figures/<name>`."""
-    p = argparse.ArgumentParser(description=f"Draw figures/{name} from data under results/.")
-    p.add_argument("--root", type=Path, default=ROOT, help="repository root holding results/ (default: this repo)")
-    root = p.parse_args(argv).root.resolve()
-    path = save(draw(root), root, name)
-    print(path)
-    return path
 
 
 def mean_of(df: pd.DataFrame, cols: tuple[str, ...]) -> pd.Series:

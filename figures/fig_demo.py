@@ -1,6 +1,6 @@
 """`make demo` as data: chain GRPO vs Tree-GRPO at equal budget, greedy test EM and tool calls by method.
 
-Reads results/demo.csv (rows of `tg.demo.run_demo`: model, method, step, one EM column per test
+Reads results/demo.csv (rows of `tg.experiments.demo.run_demo`: model, method, step, one EM column per test
 set, e.g. synthetic_single and synthetic_multi, a calls_<set> column per test set, then preset,
 config_hash, git_sha, seed, date, n). Bars are the mean over the rows of a method, error bars the
 std when there are several seeds. The synthetic world has no paper counterpart: no paper numbers.
@@ -9,14 +9,11 @@ Writes figures/fig_demo.png.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as `python figures/fig_demo.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import pandas as pd  # noqa: E402
+import pandas as pd
 
-from figures import _common as c  # noqa: E402
+from figures import _common as c
 
 NAME = "fig_demo.png"
 NOT_METRICS = {"model", "method", "step", "preset", "config_hash", "git_sha", "seed", "date", "n"}
@@ -66,6 +63,3 @@ def draw(root: Path):
     fig.tight_layout()
     return fig
 
-
-if __name__ == "__main__":
-    c.cli(draw, NAME)

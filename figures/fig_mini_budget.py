@@ -11,15 +11,12 @@ Writes figures/fig_mini_budget.png.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as `python figures/fig_mini_budget.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+import numpy as np
+import pandas as pd
 
-from figures import _common as c  # noqa: E402
+from figures import _common as c
 
 NAME = "fig_mini_budget.png"
 PANELS = [("multi-hop", "moderate", "em_multi"), ("multi-hop", "hard", "em_multi"), ("single-hop", "moderate", "em_single")]
@@ -116,6 +113,3 @@ def draw(root: Path):
     fig.tight_layout()
     return fig
 
-
-if __name__ == "__main__":
-    c.cli(draw, NAME)

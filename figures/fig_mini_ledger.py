@@ -10,14 +10,11 @@ start and hollow for the hard one; mean over seeds. The paper's statement for (2
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as `python figures/fig_mini_ledger.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import pandas as pd  # noqa: E402
+import pandas as pd
 
-from figures import _common as c  # noqa: E402
+from figures import _common as c
 
 NAME = "fig_mini_ledger.png"
 VALUES = [("trajectories_per_q", "trajectories per question"), ("generated_per_traj", "generated tokens per trajectory"),
@@ -67,6 +64,3 @@ def draw(root: Path):
     fig.tight_layout()
     return fig
 
-
-if __name__ == "__main__":
-    c.cli(draw, NAME)

@@ -11,16 +11,13 @@ Writes figures/fig_mini_sweep.png.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as `python figures/fig_mini_sweep.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import pandas as pd  # noqa: E402
+import pandas as pd
 
-from figures import _common as c  # noqa: E402
-from figures.fig_table3_budget import KEYS, _kind, panel  # noqa: E402
-from figures.fig_table3_budget import load as table3  # noqa: E402
+from figures import _common as c
+from figures.fig_table3_budget import KEYS, _kind, panel
+from figures.fig_table3_budget import load as table3
 
 NAME = "fig_mini_sweep.png"
 
@@ -76,6 +73,3 @@ def draw(root: Path):
     fig.tight_layout()
     return fig
 
-
-if __name__ == "__main__":
-    c.cli(draw, NAME)

@@ -9,13 +9,10 @@ figures/fig_mini_theory.png.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as `python figures/fig_mini_theory.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from figures import _common as c  # noqa: E402
+from figures import _common as c
 
 NAME = "fig_mini_theory.png"
 ERRORS = {"intra_err": "|grad intra - p(win) p(loss) g|", "dpo_err": "|grad DPO - p(loss) g|",
@@ -41,6 +38,3 @@ def draw(root: Path):
     fig.tight_layout()
     return fig
 
-
-if __name__ == "__main__":
-    c.cli(draw, NAME)

@@ -7,16 +7,12 @@ Writes figures/fig_table1_qa.png.
 
 from __future__ import annotations
 
-import re
-import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as `python figures/fig_table1_qa.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+import numpy as np
+import pandas as pd
 
-from figures import _common as c  # noqa: E402
+from figures import _common as c
 
 NAME = "fig_table1_qa.png"
 MODELS = ("Qwen2.5-1.5b", "Qwen2.5-3b")
@@ -25,7 +21,7 @@ AVERAGES = {"single_hop_avg": c.SINGLE_HOP, "multi_hop_avg": c.MULTI_HOP}
 
 
 def _paper_method(method: str) -> str | None:
-    """tg's method names (`tg.commands.method_name`) -> the paper's Table 1 names."""
+    """tg's method names (`tg.pipeline.method_name`) -> the paper's Table 1 names."""
     if method.startswith("chain GRPO"):
         return "GRPO"
     return "Tree-GRPO" if method.startswith("Tree-GRPO") else None
@@ -89,6 +85,3 @@ def _draw_ours(ax, ours: pd.DataFrame, methods: list[str], x: np.ndarray, w: flo
         for xi, m in zip(xs, s["mean"]):
             ax.annotate(f"{m:.1f}", (xi + 0.06, m), fontsize=6.5, va="center")
 
-
-if __name__ == "__main__":
-    c.cli(draw, NAME)

@@ -7,14 +7,11 @@ Writes figures/fig_table2_web.png.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as `python figures/fig_table2_web.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import pandas as pd  # noqa: E402
+import pandas as pd
 
-from figures import _common as c  # noqa: E402
+from figures import _common as c
 
 NAME = "fig_table2_web.png"
 MODELS = ("Qwen2.5-7b", "Qwen2.5-14b")
@@ -42,6 +39,3 @@ def draw(root: Path):
     fig.tight_layout()
     return fig
 
-
-if __name__ == "__main__":
-    c.cli(draw, NAME)

@@ -10,14 +10,11 @@ Writes figures/fig_table3_budget.png.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as `python figures/fig_table3_budget.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import pandas as pd  # noqa: E402
+import pandas as pd
 
-from figures import _common as c  # noqa: E402
+from figures import _common as c
 
 NAME = "fig_table3_budget.png"
 KEYS = ["budget", "kind", "M", "N", "L"]
@@ -118,6 +115,3 @@ def draw(root: Path):
     fig.tight_layout()
     return fig
 
-
-if __name__ == "__main__":
-    c.cli(draw, NAME)

@@ -10,15 +10,12 @@ Writes figures/fig_table4_ablation.png.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as `python figures/fig_table4_ablation.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+import numpy as np
+import pandas as pd
 
-from figures import _common as c  # noqa: E402
+from figures import _common as c
 
 NAME = "fig_table4_ablation.png"
 # the paper's row names and tg's `optim.advantage` values -> one name (tg's), then the label drawn
@@ -114,6 +111,3 @@ def draw(root: Path):
     fig.tight_layout()
     return fig
 
-
-if __name__ == "__main__":
-    c.cli(draw, NAME)

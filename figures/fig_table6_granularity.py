@@ -6,14 +6,11 @@ trees only, so it has no token-level row to show beside it. Writes figures/fig_t
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as `python figures/fig_table6_granularity.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import pandas as pd  # noqa: E402
+import pandas as pd
 
-from figures import _common as c  # noqa: E402
+from figures import _common as c
 
 NAME = "fig_table6_granularity.png"
 COLUMNS = {"single_hop_avg": "single-hop avg", "multi_hop_avg": "multi-hop avg"}
@@ -35,6 +32,3 @@ def draw(root: Path):
     fig.tight_layout()
     return fig
 
-
-if __name__ == "__main__":
-    c.cli(draw, NAME)

@@ -12,15 +12,12 @@ Writes figures/fig_table7_shapes.png.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as `python figures/fig_table7_shapes.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+import numpy as np
+import pandas as pd
 
-from figures import _common as c  # noqa: E402
+from figures import _common as c
 
 NAME = "fig_table7_shapes.png"
 KEYS = ["budget", "M", "N", "L"]
@@ -87,6 +84,3 @@ def draw(root: Path):
                  fontsize=10)
     return fig
 
-
-if __name__ == "__main__":
-    c.cli(draw, NAME)

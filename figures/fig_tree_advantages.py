@@ -5,7 +5,7 @@ arXiv 2509.21240, docs/paper.md#advantages); each inner node shows its net push,
 descendant leaves' totals (docs/paper.md#shared-prefixes).
 
 Reads results/toy_tree_advantages.csv: one row per node (tree, node, parent, step, depth; reward, intra,
-inter, total for leaves; net for every node). `python figures/fig_tree_advantages.py --write-data` writes
+inter, total for leaves; net for every node). `python -m figures.fig_tree_advantages --write-data` writes
 that file from the toy trees below, computing every number with `tg.advantage` (the only step that imports
 `tg`; drawing reads the CSV alone, as every figure does). Writes figures/fig_tree_advantages.png.
 """
@@ -13,14 +13,11 @@ that file from the toy trees below, computing every number with `tg.advantage` (
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as `python figures/fig_tree_advantages.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import pandas as pd  # noqa: E402
+import pandas as pd
 
-from figures import _common as c  # noqa: E402
+from figures import _common as c
 
 NAME = "fig_tree_advantages.png"
 DATA = "toy_tree_advantages.csv"
@@ -105,7 +102,7 @@ def draw(root: Path):
     df = c.ours(root, DATA)
     if df is None:
         fig, ax = c.plt.subplots(figsize=(7, 3))
-        c.note(ax, "no data yet\n(`python figures/fig_tree_advantages.py --write-data`)")
+        c.note(ax, "no data yet\n(`python -m figures.fig_tree_advantages --write-data`)")
         return fig
     trees = sorted(df["tree"].unique())
     fig, axes = c.plt.subplots(1, len(trees), figsize=(4.2 * len(trees), 4.6))

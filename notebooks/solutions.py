@@ -1,6 +1,6 @@
 """Worked answers to the notebooks' exercises, keyed by exercise id. Try each exercise first.
 
-A notebook's self-check cell starts with `tg.lesson.exercise(id, *answers)`. A blank answer (`...`)
+A notebook's self-check cell starts with `tg.experiments.lesson.exercise(id, *answers)`. A blank answer (`...`)
 stops that cell with "not answered yet", unless TG_SOLUTIONS=1 (set by the test runner: the
 repository's `conftest.py` and the Makefile); then the blank is filled from here, so CI runs every
 check against a worked answer. A value is the answer (a tuple when the exercise asks for several);

@@ -13,7 +13,7 @@
 #    paper preset's pre-flight with measurement and 2 steps of 4 prompts, evaluation on 4 questions;
 #    else a random-init model of Qwen2.5-1.5B's shape (built from its config; no weights need fetching):
 #    the paper preset's longest micro-batch under QLoRA at 2 and 8 rows, measured peak memory beside the
-#    pre-flight's estimate (tg.estimate), and the whole run's wall time from the measured tokens/s.
+#    pre-flight's estimate (tg.gpu.estimate), and the whole run's wall time from the measured tokens/s.
 # A failing section does not stop the later ones; the script exits 1 if any failed, naming them.
 # Environment: PYTHON (default .venv/bin/python, else python3), TG_MODEL_DIR (optional).
 set -uo pipefail
@@ -42,9 +42,9 @@ echo "== preflight, paper preset (quick schedule; static checks: the data and re
 smoke() {  # $1: preset, $2: engine (hf | vllm), then overrides; nothing is appended to results/
   "$PY" - "$@" <<'EOF'
 import sys, time, torch
-from tg.commands import build_run, evaluate_model
 from tg.config import load_config
-from tg.preflight import check_longest_sample, format_report
+from tg.gpu.preflight import check_longest_sample, format_report
+from tg.pipeline import build_run, evaluate_model
 preset, engine, extra = sys.argv[1], sys.argv[2], sys.argv[3:]
 cfg = load_config(preset, "model.finetune=qlora", "model.dtype=bfloat16", f"agent.engine={engine}",
                   "agent.vllm_gpu_memory_utilization=0.3", "optim.steps=3", "optim.prompts_per_step=8",
@@ -72,10 +72,10 @@ shape_check() {  # a random-init Qwen2.5-1.5B-shaped model: memory estimate vs m
   "$PY" - <<'EOF'
 import tempfile, torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
+from tg.agent.finetune import default_device, trainable_policy
 from tg.config import load_config
-from tg.estimate import GIB, QWEN2_5_1_5B as s, longest_row_tokens, memory_estimate
-from tg.finetune import default_device, trainable_policy
-from tg.preflight import check_longest_sample, check_wall_time, format_report
+from tg.gpu.estimate import GIB, QWEN2_5_1_5B as s, longest_row_tokens, memory_estimate
+from tg.gpu.preflight import check_longest_sample, check_wall_time, format_report
 cfg = load_config("paper-1.5b-multi-hop", schedule="quick")
 print(cfg, flush=True)
 with tempfile.TemporaryDirectory() as d:

@@ -4,13 +4,13 @@ warmed-up policy (for tests that train), the env."""
 import pytest
 import torch
 
+from tg.agent.data import load_split
+from tg.agent.env import SearchEnv
+from tg.agent.policy import build_tiny_policy
+from tg.agent.retrieval import CachedRetriever, bm25_for
+from tg.agent.warmup import warmed_up_policy
+from tg.agent.world import ensure_world, load_world
 from tg.config import load_config
-from tg.data import load_split
-from tg.env import SearchEnv
-from tg.policy import build_tiny_policy
-from tg.retrieval import CachedRetriever, bm25_for
-from tg.warmup import warmed_up_policy
-from tg.world import ensure_world, load_world
 
 
 @pytest.fixture(scope="session")

@@ -7,8 +7,8 @@ import doctest
 import pytest
 
 import tg.budget
+from tg.agent.protocol import Action, Step
 from tg.budget import Ledger, chain_equivalent_budget, ledgers, matched_chain_group, measured_equivalent, recount
-from tg.protocol import Action, Step
 from tg.tree import RolloutStats, Tree
 
 

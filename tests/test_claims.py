@@ -1,5 +1,5 @@
-"""The claims table (tg.claims, tg.report): the declared family against the grids, the rules of claims 1 and 7,
-and the generated README blocks against the committed CSVs."""
+"""The claims table (tg.experiments.claims, tg.experiments.report): the declared family against the grids, the
+rules of claims 1 and 7, and the generated README blocks against the committed CSVs."""
 
 import shutil
 from pathlib import Path
@@ -7,10 +7,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tg import claims, mini, report
 from tg.config import ConfigError
+from tg.experiments import claims, mini, report
 
 REPO = Path(__file__).parents[1]
+
+
+def block_text(text: str, name: str) -> str:
+    """What lies between block `name`'s markers in `text` (without the newlines next to the markers)."""
+    begin, end = report.markers(name)
+    return text.partition(begin)[2].partition(end)[0].strip("\n")
 
 
 def test_the_family_names_declared_cells_once_each_and_every_statistical_claim():
@@ -82,7 +88,7 @@ def test_ledger_and_theory_rules():
 def test_committed_readme_blocks_are_what_the_committed_csvs_give(path):
     """Regenerate with `python -m tg mini report --readme` when this fails."""
     name, block = report.blocks(REPO)[REPO / path]
-    assert report.block_text((REPO / path).read_text(), name) == block
+    assert block_text((REPO / path).read_text(), name) == block
 
 
 def test_report_readme_rewrites_the_blocks_in_place(tmp_path, capsys):
@@ -97,7 +103,7 @@ def test_report_readme_rewrites_the_blocks_in_place(tmp_path, capsys):
     text = (tmp_path / "README.md").read_text()
     assert text.startswith("# x\n") and text.endswith("<!-- END claims -->\ntail\n") and "STALE" not in text
     assert "**not run** (0 of 10 hold)" in text and "not shown" in capsys.readouterr().out
-    assert "not run yet" in report.block_text((tmp_path / "results" / "mini" / "README.md").read_text(), "report")
+    assert "not run yet" in block_text((tmp_path / "results" / "mini" / "README.md").read_text(), "report")
     assert main(["mini", "report", "--readme", "--root", str(tmp_path)]) == 0
     assert (tmp_path / "README.md").read_text() == text   # a second run changes nothing
     (tmp_path / "README.md").write_text("no markers\n")

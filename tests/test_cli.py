@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tg import cli
+from tg.agent.warmup import PolicyError
 from tg.cli import main
-from tg.warmup import PolicyError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,8 +47,8 @@ def test_a_user_error_is_one_line_and_debug_shows_the_traceback(argv, shown, cap
         main([*argv, "--debug"])
 
 
-@pytest.mark.parametrize("error", ["tg.data:DataError", "tg.server:RetrieverUnavailableError",
-                                   "tg.trainer:NonFiniteError", "tg.vllm_engine:VLLMSetupError"])
+@pytest.mark.parametrize("error", ["tg.agent.data:DataError", "tg.agent.server:RetrieverUnavailableError",
+                                   "tg.trainer:NonFiniteError", "tg.engines.vllm_engine:VLLMSetupError"])
 def test_every_user_facing_error_class_is_caught(error, monkeypatch, capsys) -> None:
     from tg import commands
     module, name = error.split(":")
@@ -105,7 +105,7 @@ def test_retriever_serve_says_where_only_once_it_listens(corpus: Path, capsys, m
         socket.create_connection(server.server_address[:2], timeout=5).close()
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("tg.server._Server.serve_forever", serve_once)
+    monkeypatch.setattr("tg.agent.server._Server.serve_forever", serve_once)
     assert main(["retriever", "serve", "--corpus", str(corpus), "--port", "0"]) == 0
     assert "2 documents; serving bm25 at http://127.0.0.1:" in capsys.readouterr().out
     assert main(["retriever", "serve", "--corpus", str(corpus), "--port", "0", "--host", "0.0.0.0"]) == 1

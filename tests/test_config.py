@@ -86,8 +86,8 @@ def test_an_added_field_at_its_default_keeps_every_committed_hash():
     their config hashes alone; set (the cpu preset's default), it keys a different run."""
     import csv
 
-    from tg import mini
-    from tg.world import REPO_ROOT
+    from tg.agent.world import REPO_ROOT
+    from tg.experiments import mini
     rows = list(csv.DictReader((REPO_ROOT / "results" / "mini" / "shapes.csv").open()))
     cells = {c.name: c for c in mini.experiments()["shapes"]}
     for r in rows[:6]:

@@ -1,4 +1,4 @@
-"""tg.data: loading Search-R1/FlashRAG question files and `prepare` from a local FlashRAG layout."""
+"""tg.agent.data: loading Search-R1/FlashRAG question files and `prepare` from a local FlashRAG layout."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tg.data import DataError, Question, load_questions, load_split, prepare
-from tg.protocol import build_prompt
+from tg.agent.data import DataError, Question, load_questions, load_split, prepare
+from tg.agent.protocol import build_prompt
 
 
 def _jsonl(path: Path, rows: list[dict]) -> Path:
@@ -98,7 +98,7 @@ def test_unreadable_or_empty_question_files_name_the_file(tmp_path: Path) -> Non
 
 def test_preflight_fails_on_an_empty_train_file(tmp_path: Path) -> None:
     from tg.config import load_config
-    from tg.preflight import check_data
+    from tg.gpu.preflight import check_data
     _jsonl(tmp_path / "test.jsonl", [{"question": "Q", "golden_answers": ["x"]}])
     (tmp_path / "train.jsonl").write_text("\n")
     cfg = load_config("paper-1.5b-multi-hop", f"data.data_dir={tmp_path}")

@@ -1,4 +1,4 @@
-"""Training over two ranks (gloo, CPU) equals one process over the same global batch (tg.distributed): DDP for
+"""Training over two ranks (gloo, CPU) equals one process over the same global batch (tg.gpu.distributed): DDP for
 full fine-tuning and LoRA, FSDP2 for full fine-tuning; a rank that dies stops the other with a clear error and
 the run resumes exactly; one process resumes a two-rank run. The ranks are two spawned processes that join
 the group from torchrun's environment variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from tg.config import load_config
-from tg.distributed import Parallel, merge_scores, minibatch_of, shard_seed, shard_slices, with_shards
 from tg.config_values import ConfigError
+from tg.gpu.distributed import Parallel, merge_scores, minibatch_of, shard_seed, shard_slices, with_shards
 
 TOL = 1e-4
 """Max |weight difference| after two steps (four AdamW updates at lr 1e-3) between two ranks and one process:
@@ -34,13 +34,13 @@ def _cfg(finetune: str, **optim):
 def _trainer(c, run_dir, parallel=None):
     from transformers import AutoTokenizer
 
-    from tg.data import load_split
-    from tg.env import SearchEnv
-    from tg.finetune import trainable_policy
-    from tg.retrieval import CachedRetriever, bm25_for
+    from tg.agent.data import load_split
+    from tg.agent.env import SearchEnv
+    from tg.agent.finetune import trainable_policy
+    from tg.agent.retrieval import CachedRetriever, bm25_for
+    from tg.agent.warmup import warmed_up_policy
+    from tg.agent.world import ensure_world
     from tg.trainer import Trainer
-    from tg.warmup import warmed_up_policy
-    from tg.world import ensure_world
     world = ensure_world(c.data, c.cache_dir)
     policy = warmed_up_policy(load_config("cpu"))
     tok = AutoTokenizer.from_pretrained(policy)
@@ -55,7 +55,7 @@ def _rank(rank: int, port: int, jobs: list[dict], out: str) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    from tg.distributed import RankLostError, start
+    from tg.gpu.distributed import RankLostError, start
     for job in jobs:
         c = _cfg(job["finetune"], parallel=job.get("parallel", "auto"))
         tr = _trainer(c, job["run_dir"], start(c))
@@ -88,7 +88,7 @@ def _launch(jobs: list[dict], out: Path) -> list[int]:
 
 
 def _single(finetune: str, run_dir: Path, resume: bool = False) -> tuple[dict, list[dict]]:
-    from tg.reporters import reporters
+    from tg.store.reporters import reporters
     tr = _trainer(_cfg(finetune), run_dir)
     tr.reporters = reporters(["tensorboard"], run_dir)
     rows = tr.fit(resume=resume, progress=False)

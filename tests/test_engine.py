@@ -8,9 +8,9 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import DynamicCache, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from tg.engine import HFEngine, Sampling, StopChecker
-from tg.kvcache import GrowingCache, PrefixStore, grouped_attention
-from tg.protocol import STOP_STRINGS
+from tg.agent.protocol import STOP_STRINGS
+from tg.engines.engine import HFEngine, Sampling, StopChecker
+from tg.engines.kvcache import GrowingCache, PrefixStore, grouped_attention
 
 
 def _bpe_tokenizer() -> PreTrainedTokenizerFast:

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tg.engine import GenOut
-from tg.protocol import INVALID_ACTION, Trajectory
+from tg.agent.protocol import INVALID_ACTION, Trajectory
+from tg.engines.engine import GenOut
 from tg.reward import reward
 
 PIECES = ["<think>", "</think>", "<search>", "</search>", "<answer>", "</answer>", "<information>", " ", "Rumen",

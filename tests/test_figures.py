@@ -105,7 +105,7 @@ def with_ours(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_script_runs_alone_on_committed_data(name, committed):
-    out = subprocess.run([sys.executable, f"figures/{name}.py", "--root", str(committed)], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "figures", name, "--root", str(committed)], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert png_ok(committed / "figures" / script(name).NAME)

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tg.agent.data import DataError, load_questions
+from tg.agent.retrieval import read_corpus
+from tg.agent.server import read_request, start_background
 from tg.config import Config, ConfigError, load_config
 from tg.config_values import field_types, parse_value, type_ok
-from tg.data import DataError, load_questions
-from tg.retrieval import read_corpus
-from tg.server import read_request, start_background
 
 FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 FIELDS = [f"{group}.{f.name}" for group, tp in field_types(Config).items() if is_dataclass(tp) for f in fields(tp)]

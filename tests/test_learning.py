@@ -4,8 +4,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tg import mini
-from tg.commands import build_run, evaluate_model, train_and_evaluate
+from tg.experiments import mini
+from tg.pipeline import build_run, evaluate_model, train_and_evaluate
 
 STEPS, MARGIN = 30, 5.0
 

@@ -1,11 +1,12 @@
-"""tg.lesson: the exercise self-check (blank -> NotAnswered, or the solution under TG_SOLUTIONS=1) and set-up."""
+"""tg.experiments.lesson: the exercise self-check (blank -> NotAnswered, or the solution under TG_SOLUTIONS=1)
+and set-up."""
 
 import os
 
 import pytest
 
-import tg.lesson as lesson
-from tg.lesson import NotAnswered, exercise
+import tg.experiments.lesson as lesson
+from tg.experiments.lesson import NotAnswered, exercise
 
 
 @pytest.fixture

@@ -4,10 +4,11 @@ import csv
 
 import pytest
 
-from tg import mini, summary
+from tg.agent.warmup import PINNED_DIR
 from tg.budget import matched_chain_group
 from tg.config import ConfigError
-from tg.warmup import PINNED_DIR
+from tg.experiments import mini, summary
+from tg.store.files import append_csv_rows
 
 
 def _rows(path):
@@ -53,7 +54,7 @@ def _check_rerun(path, cell, tmp_path):
     changed by one ulp, or a changed configuration, is reported."""
     from unittest import mock
 
-    from tg import rerun
+    from tg.experiments import rerun
     with mock.patch.object(rerun, "experiments", lambda: {"smoke": [cell]}):
         lines = []
         assert rerun.rerun(path, cell.name, 0, run_dir=tmp_path / "again", out=lines.append).equal
@@ -158,8 +159,8 @@ def test_rows_of_identical_configurations_are_copied_not_retrained(tmp_path):
     mini_dir.mkdir(parents=True)
     rows = [dict(cell=tree.name, seed=s, step=p, method="tree", em_multi=10 + s,
                  config_hash=mini.cell_config(tree, s).hash()) for s in (0, 1) for p in (30, 60)]
-    mini.append_rows(mini_dir / "budget.csv", rows)
-    mini.append_rows(mini_dir / "ablation.csv", [dict(rows[0], em_multi="", generated_per_q=30)])  # not evaluated
+    append_csv_rows(mini_dir / "budget.csv", rows)
+    append_csv_rows(mini_dir / "ablation.csv", [dict(rows[0], em_multi="", generated_per_q=30)])  # not evaluated
     path = mini_dir / "shapes.csv"
     copied = mini.reuse_rows([same, other], path)
     assert [(r["cell"], r["seed"], r["step"], r["em_multi"]) for r in _rows(path)] == [
@@ -223,10 +224,10 @@ def test_starting_policies_are_the_ones_behind_the_committed_results(regime):
     regime says, to the question."""
     from pathlib import Path
 
-    from tg.commands import evaluate_model
+    from tg.agent.policy import load_policy
     from tg.config import load_config
+    from tg.pipeline import evaluate_model
     from tg.pipeline import load_resources
-    from tg.policy import load_policy
     cell = f"multi-hop/{regime}/start"
     row = next(r for r in _rows(Path(__file__).parents[1] / "results" / "mini" / "budget.csv") if r["cell"] == cell)
     cfg = load_config("cpu", *mini.REGIMES[regime], "data.setting=multi-hop")

@@ -3,11 +3,11 @@
 - outputs are stripped in git;
 - code cells call `tg`: they never define a function or class whose name exists in `tg`, nor a
   function longer than ~10 lines;
-- the first code cell sets up with `tg.lesson.setup(...)`, which prints the config first; no cell
+- the first code cell sets up with `tg.experiments.lesson.setup(...)`, which prints the config first; no cell
   branches on the preset;
 - each opens with title, what you will learn, run time and the paper section, has equations in
   LaTeX, asserts what it shows, and ends with an exercise that ships blank (`...`), checked by
-  `tg.lesson.exercise` against notebooks/solutions.py;
+  `tg.experiments.lesson.exercise` against notebooks/solutions.py;
 - headers and the notebooks' README describe the present: no dates, commit ids or working notes;
   links into docs/ point at files (and headings) that exist;
 - a bare `pytest --nbmake` collects all the notebooks.
@@ -100,7 +100,8 @@ def test_no_tg_logic_defined_inline(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_set_up_in_one_call_and_no_preset_branching(path):
     first = _cells(path)[0]
-    assert re.search(r"^\w+ = setup\(", first, re.M), f"{path.name}: the first code cell should call tg.lesson.setup"
+    assert re.search(r"^\w+ = setup\(", first, re.M), \
+        f"{path.name}: the first code cell should call tg.experiments.lesson.setup"
     assert "verbose=False" not in first, f"{path.name}: setup() prints the config first; keep verbose on"
     code = "\n".join(_cells(path))
     assert "TG_PRESET" not in code and ".preset ==" not in code and "load_config()" not in code

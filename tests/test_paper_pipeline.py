@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from tg import commands
+from tg.agent.data import SETTINGS
+from tg.agent.policy import save_policy
+from tg.agent.world import load_world
 from tg.cli import main
-from tg.data import SETTINGS
-from tg.policy import save_policy
-from tg.world import load_world
 
 
 def _flashrag(root: Path, world_dir: Path, setting: str) -> Path:

@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import AutoTokenizer, Qwen2ForCausalLM
 
+from tg.agent.policy import build_tiny_policy, load_policy, resolve_dtype, save_policy
+from tg.agent.protocol import INVALID_ACTION, PROTOCOL_TAGS, build_prompt, format_observation, parse_action, prompt_ids
+from tg.agent.world import World, build_world
 from tg.config import DataConfig, ModelConfig
-from tg.policy import build_tiny_policy, load_policy, resolve_dtype, save_policy
-from tg.protocol import INVALID_ACTION, PROTOCOL_TAGS, build_prompt, format_observation, parse_action, prompt_ids
-from tg.world import World, build_world
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Pre-flight, doctor, schedules and the wiki-18 command, all without a GPU or network.
 
 The sizes below are computed by hand for Qwen2.5-1.5B (config.json: hidden 1536, 28 layers, 12 heads,
-2 KV heads of 128, MLP 8960, vocabulary 151,936, tied embeddings) and compared with tg.estimate.
+2 KV heads of 128, MLP 8960, vocabulary 151,936, tied embeddings) and compared with tg.gpu.estimate.
 """
 
 import gzip
@@ -10,16 +10,16 @@ import json
 import pytest
 import torch
 
-from tg import preflight
+from tg.agent.data import prepare_corpus
 from tg.cli import main
 from tg.config import ConfigError, load_config
-from tg.data import prepare_corpus
-from tg.doctor import Matrix, compare, read_matrix
-from tg.estimate import (GIB, QWEN2_5_1_5B, Workload, activation_bytes, kv_bytes_per_token, largest_fitting,
+from tg.gpu import preflight
+from tg.gpu.doctor import Matrix, compare, read_matrix
+from tg.gpu.estimate import (GIB, QWEN2_5_1_5B, Workload, activation_bytes, kv_bytes_per_token, largest_fitting,
                          lora_params, memory_estimate, param_counts, run_seconds, step_seconds, trainable_bytes,
                          vllm_kv_tokens, weight_bytes, workload)
-from tg.server import start_background
-from tg.world import REPO_ROOT
+from tg.agent.server import start_background
+from tg.agent.world import REPO_ROOT
 
 S = QWEN2_5_1_5B
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -218,7 +218,7 @@ def test_memory_check_names_the_gpu_count_that_fits():
 
 def test_table1_presets_know_their_model_shapes():
     from tg.config import TABLE1_MODELS
-    from tg.estimate import known_shape
+    from tg.gpu.estimate import known_shape
     for tag, model in TABLE1_MODELS.items():
         for setting in ("single-hop", "multi-hop"):
             assert load_config(f"paper-{tag}-{setting}").model.name_or_path == model

@@ -3,7 +3,7 @@
 import pytest
 
 from tg.cli import parser
-from tg.reporters import reporters
+from tg.store.reporters import reporters
 from tg.trainer import METRICS
 
 

@@ -8,9 +8,9 @@ metrics agree to float precision."""
 
 import pytest
 
-from tg import rerun
-from tg.warmup import machine
-from tg.world import REPO_ROOT
+from tg.agent.warmup import machine
+from tg.agent.world import REPO_ROOT
+from tg.experiments import rerun
 
 GRID = REPO_ROOT / "results" / "mini" / "next" / "budget.csv"
 CELL, SEED, STEPS = "multi-hop/moderate/tree", 0, 2

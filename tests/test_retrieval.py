@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from tg.agent.data import DataError
+from tg.agent.protocol import format_observation
+from tg.agent.retrieval import BM25Retriever, CachedRetriever, bm25_for, doc_title, read_corpus
+from tg.agent.world import World, build_world
 from tg.config import DataConfig
-from tg.data import DataError
-from tg.protocol import format_observation
-from tg.retrieval import BM25Retriever, CachedRetriever, bm25_for, doc_title, read_corpus
-from tg.world import World, build_world
 
 
 @pytest.fixture(scope="module")

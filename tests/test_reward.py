@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tg.reward
-from tg.protocol import PROTOCOL_TAGS, parse_action
+from tg.agent.protocol import PROTOCOL_TAGS, parse_action
 from tg.reward import (answer_score, exact_match, extract_answer, f1, is_valid_format, normalize_answer,
                        reward)
 

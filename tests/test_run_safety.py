@@ -12,14 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from tg import commands, mini
+from tg import commands
+
 from tg.cli import main, method_config
 from tg.config import ConfigError, load_config
-from tg.evaluate import append_row
-from tg.rundir import RunDirError, run_lock, training_differences
+from tg.store.files import append_csv_rows
+from tg.store.rundir import RunDirError, run_lock, training_differences
 
 WRITERS, APPENDS = 4, 100
-HOLD = "import sys; from tg.rundir import run_lock\nwith run_lock(sys.argv[1]):\n    print('held', flush=True)\n" \
+HOLD = "import sys; from tg.store.rundir import run_lock\n" \
+       "with run_lock(sys.argv[1]):\n    print('held', flush=True)\n" \
        "    sys.stdin.read()\n"
 
 
@@ -30,19 +32,18 @@ def test_grad_clip_must_be_positive(cfg, value):
     assert "\n" not in str(err.value)
 
 
-def _append_many(writer: str, path: str, k: int, start) -> None:
+def _append_many(path: str, k: int, start) -> None:
     start.wait()
     for i in range(APPENDS):
         row = dict(writer=k, i=i, **({"extra": i} if i % 25 == 0 else {}))  # now and then a wider header
-        append_row(path, row) if writer == "append_row" else mini.append_rows(Path(path), [row])
+        append_csv_rows(path, [row])
 
 
-@pytest.mark.parametrize("writer", ["append_row", "mini.append_rows"])
-def test_concurrent_appends_lose_no_row(tmp_path, writer):
+def test_concurrent_appends_lose_no_row(tmp_path):
     path = tmp_path / "runs.csv"
     ctx = mp.get_context("fork")
     start = ctx.Barrier(WRITERS)
-    procs = [ctx.Process(target=_append_many, args=(writer, str(path), k, start)) for k in range(WRITERS)]
+    procs = [ctx.Process(target=_append_many, args=(str(path), k, start)) for k in range(WRITERS)]
     for p in procs:
         p.start()
     for p in procs:
@@ -83,7 +84,7 @@ def test_a_second_run_in_a_directory_is_refused(holder, tmp_path, capsys, monkey
 
 def test_trainer_fit_takes_the_run_lock(holder, cfg, warm_policy_dir, make_env, train_questions, tmp_path):
     from transformers import AutoTokenizer
-    from tg.finetune import trainable_policy
+    from tg.agent.finetune import trainable_policy
     from tg.trainer import Trainer
     tok = AutoTokenizer.from_pretrained(warm_policy_dir)
     tr = Trainer(cfg, trainable_policy(warm_policy_dir, cfg.model, torch.device("cpu")), tok, make_env(tok), train_questions,

@@ -1,4 +1,4 @@
-"""tg.server: the Search-R1 /retrieve contract over loopback: round trip, down, hung, garbage, retries."""
+"""tg.agent.server: the Search-R1 /retrieve contract over loopback: round trip, down, hung, garbage, retries."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import pytest
 
-from tg.server import (HTTPRetriever, RetrieverResponseError, RetrieverUnavailableError, ServerStartError,
+from tg.agent.server import (HTTPRetriever, RetrieverResponseError, RetrieverUnavailableError, ServerStartError,
                        make_server, parse_response, start_background)
 
 DOCS = [
@@ -25,7 +25,7 @@ DOCS = [
 
 
 class FakeRetriever:
-    """Implements tg.retrieval.Retriever: ranks DOCS by shared words, with scores."""
+    """Implements tg.agent.retrieval.Retriever: ranks DOCS by shared words, with scores."""
 
     name = "fake"
 
@@ -97,7 +97,7 @@ def test_round_trip_equals_the_direct_retriever(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_round_trip_with_bm25(tmp_path: Path) -> None:
-    retrieval = pytest.importorskip("tg.retrieval")
+    retrieval = pytest.importorskip("tg.agent.retrieval")
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"id": d["id"], "contents": d["contents"]}) + "\n" for d in DOCS))
     bm25 = retrieval.BM25Retriever.build(corpus)

@@ -10,8 +10,8 @@ import shutil
 import pytest
 import torch
 
-from tg.finetune import trainable_policy
-from tg.rundir import PREVIOUS, RunDirError
+from tg.agent.finetune import trainable_policy
+from tg.store.rundir import PREVIOUS, RunDirError
 from tg.trainer import NonFiniteError, Trainer
 
 TIMING = ("rollout_s", "logprob_s", "update_s")

@@ -6,15 +6,15 @@ import pytest
 import torch
 
 import tg.tree
+from tg.agent.policy import load_policy
+from tg.agent.protocol import Action, Step, prompt_ids
+from tg.agent.warmup import warmed_up_policy
 from tg.budget import Ledger, chain_equivalent_budget, ledgers, matched_chain_group, measured_equivalent, recount
-from tg.engine import HFEngine, PrefillStats, Sampling
-from tg.kvcache import PrefixStore
+from tg.engines.engine import HFEngine, PrefillStats, Sampling
+from tg.engines.kvcache import PrefixStore
 from tg.loss import token_logprobs
-from tg.protocol import Action, Step, prompt_ids
-from tg.policy import load_policy
 from tg.rollout import Episode, Start
 from tg.tree import Node, Tree, choose_nodes, expansion_candidates, sample_trees
-from tg.warmup import warmed_up_policy
 
 
 def _trees(random_policy, make_env, questions, M, N, L, *, reuse=True, seed=0, rule="paper", max_turns=3):
@@ -72,7 +72,7 @@ def test_turn_cap_counts_the_shared_prefix(random_policy, make_env, train_questi
 
 
 def test_node_choice_rules_and_reproducibility():
-    from tg.protocol import Action, Step
+    from tg.agent.protocol import Action, Step
     tree = Tree(0, [1, 2])
 
     def step(end):

@@ -1,5 +1,5 @@
-"""Verdicts by a declared rule (tg.verdict): the paired t-test and Holm's correction against reference values
-and their properties."""
+"""Verdicts by a declared rule (tg.experiments.verdict): the paired t-test and Holm's correction against reference
+values and their properties."""
 
 import math
 
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tg.verdict import claim_verdict, holm, paired_test, t_critical, t_two_sided_p, verdict
+from tg.experiments.verdict import claim_verdict, holm, paired_test, t_critical, t_two_sided_p, verdict
 
 # Student's sleep data (R's datasets::sleep): extra hours of sleep of 10 patients under drug 1 and drug 2.
 DRUG1 = [0.7, -1.6, -0.2, -1.2, -0.1, 3.4, 3.7, 0.8, 0.0, 2.0]

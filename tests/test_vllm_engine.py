@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from tg.vllm_engine import VLLMSetupError, import_vllm
+from tg.engines.vllm_engine import VLLMSetupError, import_vllm
 
 try:
     import_vllm()
@@ -20,12 +20,12 @@ except VLLMSetupError as e:
 from peft import LoraConfig, get_peft_model  # noqa: E402
 from transformers import Qwen2ForCausalLM  # noqa: E402
 
+from tg.agent.policy import save_policy, tiny_qwen2_config  # noqa: E402
+from tg.agent.protocol import STOP_STRINGS, prompt_ids  # noqa: E402
 from tg.config import ModelConfig  # noqa: E402
-from tg.engine import GenOut, HFEngine, Sampling  # noqa: E402
-from tg.policy import save_policy, tiny_qwen2_config  # noqa: E402
-from tg.protocol import STOP_STRINGS, prompt_ids  # noqa: E402
+from tg.engines.engine import GenOut, HFEngine, Sampling  # noqa: E402
+from tg.engines.vllm_engine import PolicySyncError, VLLMEngine, probe_logprobs  # noqa: E402
 from tg.tree import sample_trees  # noqa: E402
-from tg.vllm_engine import PolicySyncError, VLLMEngine, probe_logprobs  # noqa: E402
 
 TINY = ModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128)
 """Head size 32: the smallest vLLM's CPU attention supports."""
@@ -289,7 +289,7 @@ def _two_steps(cfg, finetune: str):
 def test_trainer_rolls_out_with_vllm_and_syncs_every_step(engine, policy, cfg, train_questions, tmp_path):
     """Two Tree-GRPO steps with vLLM rollouts: after each update the adapter is re-served under a new
     id and a probe's log-probs match the trainer's (the `sync_maxdiff` metric)."""
-    from tg.finetune import trainable_policy
+    from tg.agent.finetune import trainable_policy
     from tg.trainer import Trainer
     _, tok, env, _, path = policy
     c = _two_steps(cfg, "lora")
@@ -304,9 +304,9 @@ def test_qlora_trainer_is_served_its_dequantized_base(engine, policy, cfg, train
     """QLoRA with vLLM rollouts: vLLM has no bitsandbytes and loads the unquantized checkpoint, which is not
     the trainer's policy (max |d logprob| far past the tolerance); the trainer's first sync loads the NF4
     base, dequantized, and from then on the served policy matches the trainer's as closely as in fp32."""
-    from tg.finetune import dequantized_base, trainable_policy
+    from tg.agent.finetune import dequantized_base, trainable_policy
+    from tg.engines.vllm_engine import SYNC_TOL
     from tg.trainer import Trainer
-    from tg.vllm_engine import SYNC_TOL
     _, tok, env, prompts, path = policy
     c = _two_steps(cfg, "qlora")
     torch.manual_seed(0)
@@ -331,8 +331,8 @@ def test_bf16_engine_agrees_with_the_bf16_trainer_within_its_tolerance(policy, c
     over the base, log-probs of three prompts within SYNC_TOL['bfloat16']. Measured on the warmed-up cpu
     policy (LoRA r=16, B ~ N(0, 0.02), 20 prompts of ~114 tokens, 2026-11-30): max |d logprob| 0.09-0.16
     with LoRA, 0.17 with QLoRA; fp32 agrees to 7e-6."""
-    from tg.finetune import trainable_policy
-    from tg.vllm_engine import SYNC_TOL
+    from tg.agent.finetune import trainable_policy
+    from tg.engines.vllm_engine import SYNC_TOL
     _, tok, _, prompts, path = policy
     c = _two_steps(cfg, finetune).replace(model=dict(dtype="bfloat16"))
     torch.manual_seed(0)
@@ -355,8 +355,8 @@ def test_evaluation_runs_on_the_rollout_engine(engine, policy, cfg, train_questi
     and transcripts as the HF engine's)."""
     from types import SimpleNamespace
 
-    from tg.commands import Run, evaluate_model, evaluate_run
-    from tg.finetune import trainable_policy
+    from tg.agent.finetune import trainable_policy
+    from tg.pipeline import Run, evaluate_model, evaluate_run
     from tg.trainer import Trainer
     _, tok, env, _, path = policy
     c = _two_steps(cfg, "lora").replace(eval=dict(batch_size=4))

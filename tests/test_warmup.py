@@ -12,18 +12,18 @@ from typing import Any
 import pytest
 import torch
 
+from tg.agent import warmup
+from tg.agent.data import Question, load_split
+from tg.agent.env import SearchEnv
+from tg.agent.policy import build_tiny_policy, load_policy
+from tg.agent.protocol import format_observation, prompt_ids
 from tg.config import Config, WarmupConfig, load_config
-from tg.data import Question, load_split
-from tg.engine import HFEngine
-from tg.env import SearchEnv
+from tg.engines.engine import HFEngine
 from tg.evaluate import evaluate
-from tg.policy import build_tiny_policy, load_policy
-from tg.protocol import format_observation, prompt_ids
-from tg import warmup
-from tg.warmup import (PINNED, PINNED_DIR, PolicyError, batches, collate, demonstration, lr_factor, machine,
+from tg.agent.warmup import (PINNED, PINNED_DIR, PolicyError, batches, collate, demonstration, lr_factor, machine,
                        masked_lm_loss, name_groups, pick_demonstrations, rename, renaming_tables, script, sha256_of,
                        short_prompt_ids, warmed_up_policy, warmup_dir)
-from tg.world import MULTI, SINGLE, ensure_world, load_world
+from tg.agent.world import MULTI, SINGLE, ensure_world, load_world
 
 
 def greedy_em(model: Any, tok: Any, retriever: Any, questions: list[Question], max_turns: int = 3) -> dict[str, float]:
@@ -174,7 +174,7 @@ def test_how_rl_uses_the_policy_keys_no_separate_warm_up():
 
 def test_where_rl_retrieves_keys_no_separate_warm_up():
     """The warm-up searches the world in-process: pointing RL at a retrieval server keeps both pinned starts."""
-    from tg.mini import REGIMES
+    from tg.experiments.mini import REGIMES
     from tg.pipeline import warmup_config
     pinned = {"moderate": "warmup-fb4da30d3995-722e49", "hard": "warmup-2f9bf1528d85-722e49"}
     for regime, name in pinned.items():

@@ -10,8 +10,21 @@ from pathlib import Path
 import pytest
 
 from tg.config import DataConfig
-from tg.world import (MULTI, RELATIONS, SINGLE, World, answer_type, build_world, ensure_world, load_world,
-                      most_common_answers, question_text, world_dir)
+from tg.agent.world import (MULTI, RELATIONS, SINGLE, World, build_world, ensure_world, load_world, question_text,
+                            world_dir)
+
+
+def answer_type(row: dict) -> str:
+    """The entity type of a question's answer (the object type of its last relation)."""
+    return RELATIONS[row["relations"][-1]].object
+
+
+def most_common_answers(rows: list[dict]) -> dict[str, str]:
+    """The most frequent golden answer per answer type: the no-search baseline's guesses."""
+    counts: dict[str, Counter] = {}
+    for q in rows:
+        counts.setdefault(answer_type(q), Counter())[q["golden_answers"][0]] += 1
+    return {t: c.most_common(1)[0][0] for t, c in counts.items()}
 
 
 @pytest.fixture(scope="module")

@@ -1,30 +1,50 @@
 """tg: the Tree-GRPO kit (Tree Search for LLM Agent Reinforcement Learning, arXiv 2509.21240).
 
-Where the paper lives in the code (two files hold the algorithm: `tree.py` and `advantage.py`):
+Where the paper lives in the code. The algorithm is the top level of the package (the trainer wires it; the
+two files that are Tree-GRPO itself are `tree.py` and `advantage.py`); everything it stands on or is run
+with sits in five subpackages.
 
-    protocol.py   the ReAct search protocol, Step / Trajectory records (token ids as sampled)
-    env.py        the search tool as an environment: a generated step -> observation ids
-    engine.py     batched step generation (transformers), prefix-KV reuse; vllm_engine.py: vLLM
-    kvcache.py    the HF engine's caches: growing K/V buffers, kept rows (PrefixStore), grouped attention
-    rollout.py    the multi-turn step loop shared by chains, tree seeds and expansions
-    tree.py       initialize-then-expand tree sampling (Algorithm 1), node choice rules
-    budget.py     the budget ledger and the paper's chain-equivalent budget
-    reward.py     EM / F1, format check, Eq. 13
-    advantage.py  group-relative advantages, intra-tree / inter-tree / both (Eq. 5-7)
-    loss.py       clipped token-level loss, K3 KL, entropy (Eq. 8)
-    theory.py     Proposition 3.1 (intra-tree GRPO vs step-level DPO), checked numerically
-    trainer.py    one training step and the loop: the one place that wires the above
-    packing.py    a tree's rows trained as one sequence along their shared prefixes (optim.pack_trees)
-    distributed.py  several ranks under torchrun: prompt shards, DDP, gathered metrics; fsdp.py: FSDP2
-    reporters.py  `--report-to tensorboard`: each step's metrics as TensorBoard scalars
-    config.py     one frozen config, presets, schedules, the one switch (TG_PRESET)
-    estimate.py   memory and wall-time arithmetic of a run (pure); preflight.py: the checks; plan.py: `tg plan`
-    doctor.py     installed versions against the tested matrix
-    mini.py       the paper's claims in miniature: named experiment grids (`tg mini`); summary.py reads them back
-    rerun.py      `tg mini rerun`: retrain one committed row, step by step beside the committed metrics
-    claims.py     the claims table: the declared family of comparisons and their verdicts; report.py writes it
-    verdict.py    paired t-test, Holm's correction, the verdict rule (pure)
-    lesson.py     the notebooks' set-up in one call (`setup`) and self-checking exercises (`exercise`)
+    tree.py         initialize-then-expand tree sampling (Algorithm 1), node choice rules
+    rollout.py      the multi-turn step loop shared by chains, tree seeds and expansions
+    advantage.py    group-relative advantages, intra-tree / inter-tree / both (Eq. 5-7)
+    loss.py         clipped token-level loss, K3 KL, entropy (Eq. 8)
+    reward.py       EM / F1, format check, Eq. 13
+    budget.py       the budget ledger and the paper's chain-equivalent budget
+    packing.py      a tree's rows trained as one sequence along their shared prefixes (optim.pack_trees)
+    trainer.py      one training step and the loop: the one place that wires the above
+    theory.py       Proposition 3.1 (intra-tree GRPO vs step-level DPO), checked numerically
+    config.py       one frozen config, presets, schedules, the one switch (TG_PRESET); config_values.py: parsing
+    evaluate.py     greedy single-chain evaluation, EM / F1 per data source, Table-1-shaped result rows
+    pipeline.py     from a config to a trained, evaluated run: the API the CLI, experiments and notebooks share
+    cli.py          `tg ...`: argument parsing; commands.py: what each command does; __main__.py: `python -m tg`
+
+    agent/          the agent and its world
+      protocol.py   the ReAct search protocol, Step / Trajectory records (token ids as sampled)
+      env.py        the search tool as an environment: a generated step -> observation ids
+      world.py      the synthetic world (entities, corpus, single- and multi-hop questions), cached on disk
+      data.py       question files (Search-R1 / FlashRAG schema), `tg data prepare`, `is_single_hop`
+      retrieval.py  BM25 over a JSONL corpus, cached; server.py: the same served and queried over HTTP
+      policy.py     the tiny Qwen2-class policy and tokenizer; finetune.py: full / LoRA / QLoRA training
+      warmup.py     the warmed-up starting policy, pinned in tg/policies (package data, sha256 checked)
+    engines/        step generation (token ids in, token ids out)
+      engine.py     the Engine protocol and HFEngine (transformers), prefix-KV reuse
+      kvcache.py    HFEngine's caches: growing K/V buffers, kept rows (PrefixStore), grouped attention
+      vllm_engine.py  VLLMEngine: the same protocol on vLLM, synced with the trainer's weights each step
+    gpu/            the paper's scale: arithmetic, checks and several ranks
+      estimate.py   memory and wall-time arithmetic of a run (pure); plan.py: `tg plan`
+      preflight.py  the pre-flight checks; doctor.py: installed versions against the tested matrix
+      distributed.py  several ranks under torchrun: prompt shards, DDP, gathered metrics; fsdp.py: FSDP2
+    experiments/    what is run with the algorithm and read back
+      demo.py       `make demo`: chain GRPO vs Tree-GRPO at equal budget; plots.py: its curves, trees drawn
+      mini.py       the paper's claims in miniature: named experiment grids (`tg mini`); summary.py reads them
+      rerun.py      `tg mini rerun`: retrain one committed row, step by step beside the committed metrics
+      claims.py     the claims table: the declared comparisons and their verdicts; report.py writes it
+      verdict.py    paired t-test, Holm's correction, the verdict rule (pure)
+      lesson.py     the notebooks' set-up in one call (`setup`) and self-checking exercises (`exercise`)
+    store/          what a run writes
+      files.py      result CSVs safe under concurrent writers (`append_csv_rows`) and their `provenance`
+      rundir.py     a run directory: one owner at a time, its checkpoint and saved config
+      reporters.py  `--report-to tensorboard`: each step's metrics as TensorBoard scalars
 
 Glossary (paper symbol -> config field -> argument):
 

@@ -44,7 +44,7 @@ def _config(args: argparse.Namespace) -> Config:
     if getattr(args, "seed", None) is not None:
         cfg = cfg.replace(optim=dict(seed=args.seed))
     if args.command == "train":
-        from tg.distributed import with_shards, world_size
+        from tg.gpu.distributed import with_shards, world_size
         cfg = with_shards(cfg, world_size())  # under torchrun: one rollout shard per rank unless set
     return cfg
 
@@ -78,9 +78,10 @@ def _add_method(p: argparse.ArgumentParser, required: bool) -> None:
     p.add_argument("--steps", type=int)
 
 
-USER_ERRORS = ("tg.config_values:ConfigError", "tg.data:DataError", "tg.server:RetrieverUnavailableError",
-               "tg.server:RetrieverResponseError", "tg.server:ServerStartError", "tg.trainer:NonFiniteError",
-               "tg.vllm_engine:VLLMSetupError", "tg.vllm_engine:PolicySyncError", "tg.distributed:RankLostError")
+USER_ERRORS = ("tg.config_values:ConfigError", "tg.agent.data:DataError", "tg.agent.server:RetrieverUnavailableError",
+               "tg.agent.server:RetrieverResponseError", "tg.agent.server:ServerStartError",
+               "tg.trainer:NonFiniteError", "tg.engines.vllm_engine:VLLMSetupError",
+               "tg.engines.vllm_engine:PolicySyncError", "tg.gpu.distributed:RankLostError")
 """Errors whose message names the problem and its fix (PolicyError is a ConfigError): printed as one line."""
 
 COMMANDS = {
@@ -132,7 +133,7 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--train-tps", type=float, help="trained tokens/s (forward + backward) to estimate with")
     f.add_argument("--no-measure", action="store_true", help="do not load the model to measure tokens/s")
     f.add_argument("--gpus", type=int, default=1, help="estimate memory per rank and wall time for K GPUs")
-    sub.add_parser("plan", help="which Table 1 models fit on 1-8 GPUs of 24/48/80 GB; estimated cost (tg.plan)")
+    sub.add_parser("plan", help="which Table 1 models fit on 1-8 GPUs of 24/48/80 GB; estimated cost (tg.gpu.plan)")
     sub.add_parser("doctor", help="installed versions against the tested matrix")
     e = sub.add_parser("eval", help="greedy EM of a run's checkpoint or a model on the test sets")
     _add_common(e)
@@ -203,7 +204,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "doctor":
         return commands.doctor()
     if args.command == "plan":
-        from tg.plan import report
+        from tg.gpu.plan import report
         print(report())
         return 0
     if args.command == "data" and args.action == "corpus":
@@ -216,13 +217,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         commands.retriever_serve(args.corpus, args.host, args.port, args.allow_remote)
         return 0
     if args.command == "mini" and args.action == "rerun":
-        from tg import rerun
+        from tg.experiments import rerun
         if len(args.cell_seed) != 2 or not args.cell_seed[1].isdigit():
             raise ConfigError("tg mini rerun needs GRID CELL SEED, e.g. tg mini rerun budget multi-hop/hard/tree 0")
         path = rerun.grid_csv(args.experiment or "", args.root)
         return 0 if rerun.rerun(path, args.cell_seed[0], int(args.cell_seed[1]), steps=args.steps).equal else 1
     if args.command == "mini":
-        from tg import claims, mini, report, summary
+        from tg.experiments import claims, mini, report, summary
         print(mini.describe(args.experiment), flush=True)
         if args.action == "run":
             if not args.experiment:

@@ -1,113 +1,29 @@
-"""What the `tg` commands do (the CLI parses, this module runs and prints)."""
+"""What the `tg` commands do (the CLI parses, this module runs and prints); the run API they call is `tg.pipeline`."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
-from tg.config import Config, ConfigError
-from tg.data import Question
-from tg.distributed import Parallel, start
-from tg.engine import Engine, HFEngine
-from tg.evaluate import EvalResult, append_row, evaluate, result_row
-from tg.finetune import default_device, trainable_policy
-from tg.pipeline import Resources, load_resources, policy_source
-from tg.rundir import check_run_dir, has_checkpoint, read_checkpoint, run_lock
-from tg.trainer import Trainer
-from tg.world import resolve
+from tg.agent.finetune import default_device, trainable_policy
+from tg.agent.world import resolve
+from tg.config import Config
+from tg.evaluate import EvalResult, result_row
+from tg.gpu.distributed import Parallel, start
+from tg.pipeline import (build_run, default_run_dir, evaluate_model, load_resources, method_name, policy_source,
+                         train_and_evaluate, vllm_engine)
+from tg.store.files import append_csv_rows
+from tg.store.rundir import check_run_dir, has_checkpoint, read_checkpoint, run_lock
 
 if TYPE_CHECKING:
-    from tg.preflight import ModelShape
+    from tg.gpu.preflight import ModelShape
 
 RESULTS = "results"
-
-
-@dataclass
-class Run:
-    """A trainer, the resources it was built from and its tokenizer."""
-
-    trainer: Trainer
-    resources: Resources
-    tokenizer: Any
-
-
-def build_run(cfg: Config, run_dir: str | Path, parallel: Parallel | None = None) -> Run:
-    """Load questions, retriever and the starting policy; save the config into the run directory (rank 0)."""
-    from transformers import AutoTokenizer
-    par = parallel or Parallel(cfg.optim.rollout_shards)
-    res = load_resources(cfg)
-    torch.manual_seed(cfg.optim.seed)  # LoRA initialisation (the same on every rank)
-    policy = trainable_policy(res.policy_path, cfg.model, default_device())
-    tok = AutoTokenizer.from_pretrained(res.policy_path)
-    if par.is_main:
-        cfg.save(run_dir)
-    train = [q for q in res.train if _setting_of(q) in (cfg.data.setting, None)]
-    engine = vllm_engine(cfg, res.policy_path, tok, par.world) if cfg.agent.engine == "vllm" else None
-    return Run(Trainer(cfg, policy, tok, res.env(tok, cfg), train, run_dir, engine, par), res, tok)
-
-
-def vllm_engine(cfg: Config, policy_path: str, tokenizer: Any, ranks: int = 1) -> Any:
-    """A vLLM engine on the starting weights (the trainer syncs it after every step); with several ranks,
-    one per rank on its own GPU (vLLM's torchrun data-parallel mode)."""
-    from tg.vllm_engine import VLLMEngine
-    return VLLMEngine(policy_path, tokenizer, lora=cfg.model.finetune != "full", max_lora_rank=cfg.model.lora_r,
-                      kv_cache_space_gib=cfg.agent.vllm_kv_cache_gib,
-                      gpu_memory_utilization=cfg.agent.vllm_gpu_memory_utilization, seed=cfg.optim.seed,
-                      dtype=cfg.model.dtype, data_parallel_size=ranks)  # dtype: the trainer's, as the sync check
-
-
-def _setting_of(q: Question) -> str | None:
-    """'single-hop' / 'multi-hop' for synthetic questions; None (any) for prepared files, already one setting."""
-    return {"synthetic_single": "single-hop", "synthetic_multi": "multi-hop"}.get(q.data_source)
-
-
-def evaluate_model(model: Any, tokenizer: Any, res: Resources, cfg: Config, progress: bool = True,
-                   engine: Engine | None = None, parallel: Parallel | None = None) -> EvalResult:
-    """Greedy EM on the config's single-hop and multi-hop test sets, on `engine` (default: the HF engine on
-    `model`). Over several ranks each evaluates its contiguous share and every rank gets the whole result."""
-    par = parallel or Parallel()
-    single, multi = res.test_sets(cfg)
-    questions = single + multi
-    share = -(-len(questions) // par.world)
-    mine = questions[par.rank * share:(par.rank + 1) * share]
-    model.eval()
-    result = evaluate(engine or HFEngine(model, tokenizer), res.env(tokenizer, cfg), tokenizer, mine,
-                      batch_size=cfg.eval.batch_size, max_step_tokens=cfg.agent.max_step_tokens,
-                      max_context_tokens=cfg.agent.max_context_tokens, progress=progress and par.is_main)
-    return EvalResult.concat(par.gather(result)) if par.world > 1 else result
-
-
-def evaluate_run(run: Run, cfg: Config, progress: bool = True) -> EvalResult:
-    """`evaluate_model` on the run's policy, on its rollout engine (vLLM when agent.engine=vllm), over its ranks."""
-    tr = run.trainer
-    engine = tr.engine if cfg.agent.engine == "vllm" else None
-    with tr.par.rollout_context(tr.policy):
-        return evaluate_model(tr.policy.model, run.tokenizer, run.resources, cfg, progress, engine, tr.par)
-
-
-def train_and_evaluate(run: Run, cfg: Config, points: Sequence[int], resume: bool,
-                       progress: bool = True) -> Iterator[tuple[int, list[dict], EvalResult]]:
-    """Train to each evaluation point in turn and evaluate there: yields (step, metrics so far, result).
-
-    The first segment resumes from the run's checkpoint if `resume`; later ones continue from the
-    checkpoint `fit` writes at every segment's end (the same state, so results equal one long run)."""
-    for i, p in enumerate(points):
-        metrics = run.trainer.fit(steps=p, resume=resume or i > 0, progress=progress)
-        if run.trainer.step_done != p:
-            raise ConfigError(f"the checkpoint in {run.trainer.run_dir} is at step {run.trainer.step_done}, past the "
-                              f"evaluation point {p}: delete that directory to rerun from the start")
-        yield p, metrics, evaluate_run(run, cfg, progress=progress)
-
-
-def default_run_dir(cfg: Config) -> Path:
-    kind = "chain" if cfg.tree.is_chain else "tree"
-    return resolve("runs") / f"{kind}-{cfg.hash()}"
 
 
 def train(cfg: Config, run_dir: Path | None, resume: bool, preflight: bool = True,
@@ -115,10 +31,10 @@ def train(cfg: Config, run_dir: Path | None, resume: bool, preflight: bool = Tru
     """Pre-flight (not for the tiny model), train, evaluate every optim.eval_every steps and at the end, and
     append one Table-1-shaped row per evaluation to results/runs.csv. Returns the last row, or None,
     having printed the failing checks, when the pre-flight fails. The run directory is this run's alone
-    from the pre-flight on (tg.rundir): a run already there is continued only with `resume` (under a
+    from the pre-flight on (tg.store.rundir): a run already there is continued only with `resume` (under a
     config that trains the same) and replaced only with `overwrite`. Under torchrun every rank runs it
-    (tg.distributed): rank 0 alone prints, locks, checks and writes."""
-    from tg.preflight import format_report, static_checks
+    (tg.gpu.distributed): rank 0 alone prints, locks, checks and writes."""
+    from tg.gpu.preflight import format_report, static_checks
     par = start(cfg)
     try:
         checked, shape = preflight and cfg.model.name_or_path != "tiny", None
@@ -142,8 +58,8 @@ def _train_in(cfg: Config, run_dir: Path, resume: bool, shape: ModelShape | None
               report_to: str = "none") -> dict | None:
     """`train` once the run directory is held: with a pre-flight `shape`, the longest sample first (OOM in
     minute one), then train and evaluate."""
-    from tg.preflight import check_longest_sample, check_wall_time, format_report
-    from tg.reporters import reporters
+    from tg.gpu.preflight import check_longest_sample, check_wall_time, format_report
+    from tg.store.reporters import reporters
     run = build_run(cfg, run_dir, par)
     if par.is_main:
         run.trainer.reporters = reporters([report_to], run_dir)
@@ -158,17 +74,10 @@ def _train_in(cfg: Config, run_dir: Path, resume: bool, shape: ModelShape | None
         row = result_row(result, cfg, method=method_name(cfg), model=cfg.model.name_or_path, seed=cfg.optim.seed,
                          step=step)
         if par.is_main:
-            append_row(resolve(RESULTS) / "runs.csv", row)
+            append_csv_rows(resolve(RESULTS) / "runs.csv", [row])
             print(json.dumps({"step": step, "train": metrics[-1] if metrics else {}, "eval": result.by_source()},
                              indent=1), flush=True)
     return row
-
-
-def method_name(cfg: Config) -> str:
-    t = cfg.tree
-    if t.is_chain:
-        return f"chain GRPO (G={t.M})"
-    return f"Tree-GRPO ({t.M},{t.N},{t.L}) {cfg.optim.advantage}"
 
 
 def evaluate_policy(cfg: Config, policy: str | None, out: Path) -> dict:
@@ -190,7 +99,7 @@ def evaluate_policy(cfg: Config, policy: str | None, out: Path) -> dict:
     result = evaluate_model(tp.model, tok, res, cfg, engine=engine)
     row = result_row(result, cfg, method=str(policy or "start"), model=cfg.model.name_or_path, seed=cfg.optim.seed,
                      step=step)
-    append_row(out, row)
+    append_csv_rows(out, [row])
     print(json.dumps(row, indent=1))
     return row
 
@@ -208,9 +117,9 @@ def world(cfg: Config) -> None:
 def warmup(cfg: Config, rebuild: Path | bool | None = None) -> EvalResult:
     """Load the starting policy (pinned, hash checked), or with `rebuild` train it anew (into the cache, or the
     directory given); print single-hop and multi-hop greedy EM and one transcript."""
+    from tg.agent.policy import load_policy
+    from tg.agent.warmup import build_warmup
     from tg.pipeline import warmup_config
-    from tg.policy import load_policy
-    from tg.warmup import build_warmup
     t0 = time.perf_counter()
     if rebuild is not None:
         built = build_warmup(warmup_config(cfg), None if rebuild is True else rebuild)
@@ -226,7 +135,7 @@ def warmup(cfg: Config, rebuild: Path | bool | None = None) -> EvalResult:
 
 def preflight(cfg: Config, decode_tps: float | None, train_tps: float | None, measure: bool, gpus: int = 1) -> int:
     """Print the pre-flight report for `gpus` GPUs; 1 when a required check fails."""
-    from tg.preflight import Throughput, format_report, run_preflight
+    from tg.gpu.preflight import Throughput, format_report, run_preflight
     given = Throughput(decode_tps, train_tps, "given") if decode_tps and train_tps else None
     checks = run_preflight(cfg, given, measure=measure, gpus=gpus)
     print(format_report(checks))
@@ -235,7 +144,7 @@ def preflight(cfg: Config, decode_tps: float | None, train_tps: float | None, me
 
 def doctor() -> int:
     """Print installed versions against the tested matrix; 1 on a mismatch or a missing dependency."""
-    from tg.doctor import compare, failed, format_rows, installed_versions, read_matrix
+    from tg.gpu.doctor import compare, failed, format_rows, installed_versions, read_matrix
     rows = compare(installed_versions(), read_matrix(resolve(".")))
     print(format_rows(rows))
     cuda = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
@@ -246,8 +155,8 @@ def doctor() -> int:
 def data_corpus(out: str, source: str, index: bool) -> None:
     """wiki-18 as JSONL; with `index`, build the BM25 index and report build time, peak RAM and disk size."""
     import resource
-    from tg.data import prepare_corpus
-    from tg.retrieval import bm25_for
+    from tg.agent.data import prepare_corpus
+    from tg.agent.retrieval import bm25_for
     corpus = prepare_corpus(out, source)
     print(f"corpus: {corpus} ({corpus.stat().st_size / 2**30:.2f} GiB)")
     if index:
@@ -260,20 +169,20 @@ def data_corpus(out: str, source: str, index: bool) -> None:
 
 
 def data_prepare(setting: str, out: str, source: str) -> None:
-    from tg.data import prepare
+    from tg.agent.data import prepare
     paths = prepare(setting, out, source=source)
     print({k: str(v) for k, v in paths.items()})
 
 
 def retriever_serve(corpus: str, host: str, port: int, allow_remote: bool = False) -> None:
     """Load (or build) the corpus's BM25 index, bind the port, then say where it serves."""
-    from tg.retrieval import bm25_for
-    from tg.server import serve
+    from tg.agent.retrieval import bm25_for
+    from tg.agent.server import serve
     retriever = bm25_for(corpus)
     serve(retriever, host=host, port=port, allow_remote=allow_remote,
           ready=lambda line: print(f"{corpus}: {len(retriever.docs):,} documents; {line}", flush=True))
 
 
 def demo(cfg: Config) -> None:
-    from tg.demo import run_demo
+    from tg.experiments.demo import run_demo
     run_demo(cfg)

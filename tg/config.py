@@ -127,14 +127,14 @@ class WarmupConfig:
     early_stop_share: float = 0.5
     """Share of multi-hop demonstrations that stop one hop early and answer the intermediate entity."""
     steps: int = 700
-    """Optimiser steps (copying names out of documents appears after ~250-450 of them, see tg/warmup.py)."""
+    """Optimiser steps (copying names out of documents appears after ~250-450 of them, see tg/agent/warmup.py)."""
     batch_size: int = 32
     """Demonstrations per step."""
     lr: float = 3e-3
     """AdamW learning rate (6e-3 delayed copying past 500 steps in one measured run)."""
     observation_loss: bool = True
     """Also fit the observation (document) tokens, as pretraining would: copying is learnt sooner and
-    more reliably (tg/warmup.py). RL always masks observations."""
+    more reliably (tg/agent/warmup.py). RL always masks observations."""
     seed: int = 0
     """Seed of the demonstrations and initial weights."""
 
@@ -242,7 +242,7 @@ class OptimConfig:
     micro_batch_rows: int = 32
     """Training rows per forward/backward (gradient accumulation fits memory)."""
     rollout_shards: int = 1
-    """Split each step's prompts into this many equal shards, each rolled out from its own seed (tg.distributed):
+    """Split each step's prompts into this many equal shards, each rolled out from its own seed (tg.gpu.distributed):
     a run on K ranks needs a multiple of K, and one process with the same value samples the same tokens."""
     parallel: str = "auto"
     """Several ranks: 'ddp' (replicated model, DistributedDataParallel), 'fsdp' (FSDP2 fully_shard: model,
@@ -454,7 +454,7 @@ def _paper(setting: str, model: str = "Qwen/Qwen2.5-1.5B") -> dict[str, Any]:
         # LoRA learns with a far larger step than full fine-tuning's 1e-6 (the paper's value):
         # 1e-5 is a conservative LoRA rate for a 1.5B model (about 10x full FT, the usual LoRA ratio).
         # micro_batch_rows is memory only (accumulation gives the same gradient): 2 rows of the longest
-        # sample (4,596 tokens) need ~20 GiB of activations, mostly the 151,936-wide logits (tg.estimate).
+        # sample (4,596 tokens) need ~20 GiB of activations, mostly the 151,936-wide logits (tg.gpu.estimate).
         optim=OptimConfig(steps=180, prompts_per_step=512, mini_batch_prompts=64, micro_batch_rows=2, lr=1e-5,
                           warmup_ratio=0.285, checkpoint_every=20, eval_every=60, pack_trees=False),
         eval=EvalConfig(n_single=0, n_multi=0, batch_size=256),  # every question of every test set (paper App. A)

@@ -6,23 +6,20 @@ with provenance (preset, config hash, git sha, date, seed), appended to a CSV th
 
 from __future__ import annotations
 
-import datetime as _dt
 import random
-import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 from tqdm.auto import tqdm
 
+from tg.agent.data import Question
+from tg.agent.env import SearchEnv
+from tg.agent.protocol import prompt_ids
 from tg.config import Config
-from tg.engine import Engine, Sampling
-from tg.env import SearchEnv
-from tg.files import append_csv_rows
-from tg.data import Question
-from tg.protocol import prompt_ids
+from tg.engines.engine import Engine, Sampling
 from tg.reward import answer_score
+from tg.store.files import provenance
 from tg.tree import sample_trees
 
 
@@ -74,25 +71,10 @@ def evaluate(engine: Engine, env: SearchEnv, tokenizer: Any, questions: Sequence
     return res
 
 
-def git_sha() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def result_row(result: EvalResult, cfg: Config, *, method: str, model: str, seed: int, step: int) -> dict:
     """A Table-1-shaped row: one column per data_source, tool calls, and provenance."""
     row: dict[str, Any] = {"model": model, "method": method, "step": step}
     row.update({k: round(100 * v, 2) for k, v in result.by_source().items()})
     row.update({f"calls_{k}": round(v, 3) for k, v in result.calls_by_source().items()})
-    row.update(preset=cfg.preset, config_hash=cfg.hash(), git_sha=git_sha(), seed=seed,
-               date=_dt.date.today().isoformat(), n=len(result.scores))
+    row.update(**provenance(cfg, seed), n=len(result.scores))
     return row
-
-
-def append_row(path: str | Path, row: dict) -> None:
-    """Append `row` to a CSV, widening the header when new columns appear; safe with concurrent writers
-    (`tg.files.append_csv_rows`)."""
-    append_csv_rows(Path(path), [row])

@@ -1,4 +1,5 @@
-"""From a `Config` to the things a run needs: questions, retriever, environment, policy path.
+"""From a `Config` to a trained and evaluated run: the library API that the CLI, the experiments and the
+notebooks share (`load_resources`, `build_run`, `train_and_evaluate`, `evaluate_model`).
 
 The cpu preset builds the synthetic world and warms up the tiny policy (both cached on disk);
 the paper presets read prepared NQ / HotpotQA files (`tg data prepare`) and a hub model, and
@@ -11,19 +12,24 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Sequence
 
-from tg.config import DataConfig, Config, ConfigError, ModelConfig
-from tg.data import Question, load_split
-from tg.env import SearchEnv
-from tg.retrieval import CachedRetriever, bm25_for
-from tg.server import HTTPRetriever
-from tg.world import ensure_world, resolve
+import torch
+
+from tg.agent.data import Question, is_single_hop, load_split
+from tg.agent.env import SearchEnv
+from tg.agent.finetune import default_device, trainable_policy
+from tg.agent.retrieval import CachedRetriever, bm25_for
+from tg.agent.server import HTTPRetriever
+from tg.agent.world import MULTI, SINGLE, ensure_world, resolve
+from tg.config import Config, ConfigError, DataConfig, ModelConfig
+from tg.engines.engine import Engine, HFEngine
+from tg.evaluate import EvalResult, evaluate
+from tg.gpu.distributed import Parallel
+from tg.trainer import Trainer
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 """A model hub id, 'org/name' (bare legacy names such as 'gpt2' are taken for local paths)."""
-SINGLE_SOURCES = ("synthetic_single", "nq", "triviaqa", "popqa")
-"""Data sources averaged as single-hop (the paper's Table 1 left half)."""
 
 
 @dataclass
@@ -40,11 +46,17 @@ class Resources:
         return SearchEnv(tokenizer, self.retriever, top_k=cfg.data.top_k, max_obs_tokens=cfg.agent.max_obs_tokens,
                          max_turns=cfg.agent.max_turns)
 
+    def train_set(self, cfg: Config) -> list[Question]:
+        """The training questions of the config's setting: the synthetic world's train split holds both kinds
+        (its sources name theirs); a prepared train file is one setting already (all of it)."""
+        single = cfg.data.setting == "single-hop"
+        return [q for q in self.train if q.data_source not in (SINGLE, MULTI) or is_single_hop(q.data_source) == single]
+
     def test_sets(self, cfg: Config) -> tuple[list[Question], list[Question]]:
         """(single-hop, multi-hop) test questions: the first eval.n_single (eval.n_multi) of each data
         source, in file order; 0 = all of them."""
-        single = [q for q in self.test if q.data_source in SINGLE_SOURCES]
-        multi = [q for q in self.test if q.data_source not in SINGLE_SOURCES]
+        single = [q for q in self.test if is_single_hop(q.data_source)]
+        multi = [q for q in self.test if not is_single_hop(q.data_source)]
         return per_source(single, cfg.eval.n_single), per_source(multi, cfg.eval.n_multi)
 
 
@@ -100,7 +112,7 @@ def _policy_path(cfg: Config) -> str:
     if not cfg.warmup.enabled:
         raise ConfigError("model.name_or_path = 'tiny' needs warmup.enabled = true (a random tiny model "
                           "cannot follow the protocol)")
-    from tg.warmup import warmed_up_policy
+    from tg.agent.warmup import warmed_up_policy
     return str(warmed_up_policy(warmup_config(cfg)))
 
 
@@ -109,7 +121,7 @@ def policy_source(policy: str) -> tuple[str | None, Path | None]:
     `checkpoint.pt`, on the config's starting policy), a checkpoint file, a saved model directory
     (`config.json`), or a hub id. Anything else (a path, or 'runs/...' or 'DIR/...' for an existing DIR,
     that holds none of them) raises `PolicyError` at once, before anything loads or reaches the hub."""
-    from tg.warmup import PolicyError
+    from tg.agent.warmup import PolicyError
     path = Path(policy).expanduser()
     if (path / "checkpoint.pt").is_file():
         return None, path / "checkpoint.pt"
@@ -129,3 +141,86 @@ def load_resources(cfg: Config) -> Resources:
     """Build or load everything the config names (world, index, warmed-up policy are cached)."""
     d = _data_dir(cfg)
     return Resources(d, load_split(d, "train"), load_split(d, "test"), _retriever(cfg, d), _policy_path(cfg))
+
+
+@dataclass
+class Run:
+    """A trainer, the resources it was built from and its tokenizer."""
+
+    trainer: Trainer
+    resources: Resources
+    tokenizer: Any
+
+
+def build_run(cfg: Config, run_dir: str | Path, parallel: Parallel | None = None) -> Run:
+    """Load questions, retriever and the starting policy; save the config into the run directory (rank 0)."""
+    from transformers import AutoTokenizer
+    par = parallel or Parallel(cfg.optim.rollout_shards)
+    res = load_resources(cfg)
+    torch.manual_seed(cfg.optim.seed)  # LoRA initialisation (the same on every rank)
+    policy = trainable_policy(res.policy_path, cfg.model, default_device())
+    tok = AutoTokenizer.from_pretrained(res.policy_path)
+    if par.is_main:
+        cfg.save(run_dir)
+    engine = vllm_engine(cfg, res.policy_path, tok, par.world) if cfg.agent.engine == "vllm" else None
+    return Run(Trainer(cfg, policy, tok, res.env(tok, cfg), res.train_set(cfg), run_dir, engine, par), res, tok)
+
+
+def vllm_engine(cfg: Config, policy_path: str, tokenizer: Any, ranks: int = 1) -> Any:
+    """A vLLM engine on the starting weights (the trainer syncs it after every step); with several ranks,
+    one per rank on its own GPU (vLLM's torchrun data-parallel mode)."""
+    from tg.engines.vllm_engine import VLLMEngine
+    return VLLMEngine(policy_path, tokenizer, lora=cfg.model.finetune != "full", max_lora_rank=cfg.model.lora_r,
+                      kv_cache_space_gib=cfg.agent.vllm_kv_cache_gib,
+                      gpu_memory_utilization=cfg.agent.vllm_gpu_memory_utilization, seed=cfg.optim.seed,
+                      dtype=cfg.model.dtype, data_parallel_size=ranks)  # dtype: the trainer's, as the sync check
+
+
+def evaluate_model(model: Any, tokenizer: Any, res: Resources, cfg: Config, progress: bool = True,
+                   engine: Engine | None = None, parallel: Parallel | None = None) -> EvalResult:
+    """Greedy EM on the config's single-hop and multi-hop test sets, on `engine` (default: the HF engine on
+    `model`). Over several ranks each evaluates its contiguous share and every rank gets the whole result."""
+    par = parallel or Parallel()
+    single, multi = res.test_sets(cfg)
+    questions = single + multi
+    share = -(-len(questions) // par.world)
+    mine = questions[par.rank * share:(par.rank + 1) * share]
+    model.eval()
+    result = evaluate(engine or HFEngine(model, tokenizer), res.env(tokenizer, cfg), tokenizer, mine,
+                      batch_size=cfg.eval.batch_size, max_step_tokens=cfg.agent.max_step_tokens,
+                      max_context_tokens=cfg.agent.max_context_tokens, progress=progress and par.is_main)
+    return EvalResult.concat(par.gather(result)) if par.world > 1 else result
+
+
+def evaluate_run(run: Run, cfg: Config, progress: bool = True) -> EvalResult:
+    """`evaluate_model` on the run's policy, on its rollout engine (vLLM when agent.engine=vllm), over its ranks."""
+    tr = run.trainer
+    engine = tr.engine if cfg.agent.engine == "vllm" else None
+    with tr.par.rollout_context(tr.policy):
+        return evaluate_model(tr.policy.model, run.tokenizer, run.resources, cfg, progress, engine, tr.par)
+
+
+def train_and_evaluate(run: Run, cfg: Config, points: Sequence[int], resume: bool,
+                       progress: bool = True) -> Iterator[tuple[int, list[dict], EvalResult]]:
+    """Train to each evaluation point in turn and evaluate there: yields (step, metrics so far, result).
+
+    The first segment resumes from the run's checkpoint if `resume`; later ones continue from the
+    checkpoint `fit` writes at every segment's end (the same state, so results equal one long run)."""
+    for i, p in enumerate(points):
+        metrics = run.trainer.fit(steps=p, resume=resume or i > 0, progress=progress)
+        if run.trainer.step_done != p:
+            raise ConfigError(f"the checkpoint in {run.trainer.run_dir} is at step {run.trainer.step_done}, past the "
+                              f"evaluation point {p}: delete that directory to rerun from the start")
+        yield p, metrics, evaluate_run(run, cfg, progress=progress)
+
+
+def default_run_dir(cfg: Config) -> Path:
+    kind = "chain" if cfg.tree.is_chain else "tree"
+    return resolve("runs") / f"{kind}-{cfg.hash()}"
+
+
+def method_name(cfg: Config) -> str:
+    t = cfg.tree
+    if t.is_chain:
+        return f"chain GRPO (G={t.M})"
+    return f"Tree-GRPO ({t.M},{t.N},{t.L}) {cfg.optim.advantage}"

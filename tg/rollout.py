@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from tg.engine import Engine, PrefillStats, Sampling
-from tg.kvcache import PrefixStore
-from tg.env import SearchEnv
-from tg.protocol import Step
+from tg.agent.env import SearchEnv
+from tg.agent.protocol import Step
+from tg.engines.engine import Engine, PrefillStats, Sampling
+from tg.engines.kvcache import PrefixStore
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """Chain GRPO and Tree-GRPO training: the one place that wires rollouts, rewards, advantages and the loss
-(paper §3.2, Table 5). On one device; over several ranks through a `tg.distributed.Parallel`, whose hooks
+(paper §3.2, Table 5). On one device; over several ranks through a `tg.gpu.distributed.Parallel`, whose hooks
 (prompt shards, gradient reduction, gathered metrics, full checkpoints) leave the math here unchanged.
 
 One step:
@@ -38,20 +38,20 @@ import torch
 from tqdm.auto import tqdm
 
 from tg.advantage import tree_grpo_parts
+from tg.agent.data import Question
+from tg.agent.env import SearchEnv
+from tg.agent.finetune import TrainablePolicy
 from tg.budget import Ledger, ledgers
 from tg.config import Config
-from tg.engine import Engine, HFEngine, Sampling
-from tg.env import SearchEnv
-from tg.files import atomic_write_text
-from tg.finetune import TrainablePolicy
+from tg.engines.engine import Engine, HFEngine, Sampling
 from tg.loss import entropy_from_logits, grpo_loss, token_logprobs
 from tg.packing import PackedBatch, pack_batch, packed_row_logits
-from tg.data import Question
-from tg.distributed import (Parallel, failures_as_rank_lost, gather_step, minibatch_of, set_rng_state, shard_seed,
+from tg.store.files import atomic_write_text
+from tg.gpu.distributed import (Parallel, failures_as_rank_lost, gather_step, minibatch_of, set_rng_state, shard_seed,
                             shard_slices)
-from tg.protocol import prompt_ids
+from tg.agent.protocol import prompt_ids
 from tg.reward import answer_score, is_valid_format, reward
-from tg.rundir import has_checkpoint, read_checkpoint, run_lock, write_checkpoint
+from tg.store.rundir import has_checkpoint, read_checkpoint, run_lock, write_checkpoint
 from tg.tree import RolloutStats, Tree, sample_trees
 
 METRICS: dict[str, str] = {
@@ -190,7 +190,7 @@ class Trainer:
         self.probe = prompt_ids(tokenizer, self.questions[0].question) if self.questions else None
         self.step_done = 0
         self.reporters: list[Callable[[dict], None]] = []
-        """Called with each step's metrics row after it is written (rank 0; e.g. tg.reporters.tensorboard)."""
+        """Called with each step's metrics row after it is written (rank 0; e.g. tg.store.reporters.tensorboard)."""
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     # ---- data ------------------------------------------------------------------------------------
@@ -205,7 +205,7 @@ class Trainer:
         return out
 
     def my_questions(self, step: int) -> list[Question]:
-        """This rank's questions of step `step`: its rollout shards' slices, concatenated (tg.distributed)."""
+        """This rank's questions of step `step`: its rollout shards' slices, concatenated (tg.gpu.distributed)."""
         qs, slices = self.batch_questions(step), shard_slices(self.cfg.optim.prompts_per_step, self.par.shards)
         return [q for k in self.par.my_shards() for q in qs[slices[k]]]
 
@@ -276,7 +276,7 @@ class Trainer:
         return stats
 
     def _micro_batches(self, rows: Rows) -> list[list[Micro]]:
-        """Micro-batches per PPO mini-batch (consecutive questions of each rollout shard, tg.distributed). Inside a
+        """Micro-batches per PPO mini-batch (consecutive questions of each rollout shard, tg.gpu.distributed). Inside a
         mini-batch the trees go longest first (by their longest row), a tree's rows together, so a micro-batch
         holds rows of like width and little padding; the loss weights make the order immaterial up to float
         summation order."""
@@ -372,7 +372,7 @@ class Trainer:
         return self.run_dir / "checkpoint.pt"
 
     def save_checkpoint(self) -> Path | None:
-        """Weights (adapter for LoRA), optimiser, scheduler, every RNG, step (tg.rundir.write_checkpoint: the
+        """Weights (adapter for LoRA), optimiser, scheduler, every RNG, step (tg.store.rundir.write_checkpoint: the
         previous checkpoint stays until the new one reads back). Non-finite weights are never saved.
         Every rank calls it; rank 0 writes the file (with every rank's RNG state) and returns its path."""
         weights = self.par.model_state(self.policy)
@@ -410,8 +410,8 @@ class Trainer:
     # ---- the loop -------------------------------------------------------------------------------------
     def fit(self, steps: int | None = None, resume: bool = False, progress: bool = True) -> list[dict]:
         """Train to `steps` (default optim.steps); append metrics to metrics.jsonl; checkpoint every K steps.
-        Holds the run directory's lock (tg.rundir.run_lock) throughout: one run per directory at a time.
-        Over several ranks every rank calls it; rank 0 alone locks and writes (tg.distributed, 6)."""
+        Holds the run directory's lock (tg.store.rundir.run_lock) throughout: one run per directory at a time.
+        Over several ranks every rank calls it; rank 0 alone locks and writes (tg.gpu.distributed, 6)."""
         with run_lock(self.run_dir) if self.par.is_main else contextlib.nullcontext():
             with failures_as_rank_lost(self.par.world):
                 return self._fit(steps or self.cfg.optim.steps, resume, progress)

@@ -14,10 +14,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from tg.engine import Engine, Sampling
-from tg.kvcache import PrefixStore
-from tg.env import SearchEnv
-from tg.protocol import Step, Trajectory
+from tg.agent.env import SearchEnv
+from tg.agent.protocol import Step, Trajectory
+from tg.engines.engine import Engine, Sampling
+from tg.engines.kvcache import PrefixStore
 from tg.rollout import Start, run_episodes
 
 

@@ -24,9 +24,9 @@ import torch
 from tokenizers import AddedToken, Regex, Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from tg.agent.protocol import INVALID_ACTION, PROMPT_TEMPLATE, PROTOCOL_TAGS, format_observation
+from tg.agent.world import RELATIONS, World
 from tg.config import ModelConfig
-from tg.protocol import INVALID_ACTION, PROMPT_TEMPLATE, PROTOCOL_TAGS, format_observation
-from tg.world import RELATIONS, World
 
 PAD, UNK = "[PAD]", "[UNK]"
 CHAT_MARKERS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")

@@ -20,13 +20,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from tg.protocol import build_prompt
+from tg.agent.protocol import build_prompt
+from tg.agent.world import SINGLE
 
 SETTINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "single-hop": ("nq", ("nq", "triviaqa", "popqa")),
     "multi-hop": ("hotpotqa", ("hotpotqa", "2wikimultihopqa", "musique", "bamboogle")),
 }
 """setting -> (training set, test sets), paper App. A."""
+
+
+def is_single_hop(data_source: str) -> bool:
+    """Whether a question from `data_source` is single-hop: the synthetic world's single-hop set and the paper's
+    single-hop test sets (Table 1's left half). Every other source counts as multi-hop."""
+    return data_source == SINGLE or data_source in SETTINGS["single-hop"][1]
 
 TEST_SIZES: dict[str, int] = {"nq": 3610, "triviaqa": 11313, "popqa": 14267, "hotpotqa": 7405,
                               "2wikimultihopqa": 12576, "musique": 2417, "bamboogle": 125}
@@ -37,7 +44,7 @@ TEST_SPLIT_ORDER = ("test", "dev", "train")
 
 HUB_SOURCE = "RUC-NLPIR/FlashRAG_datasets"
 _SUFFIXES = (".parquet", ".jsonl", ".json")
-_PREPARE_HINT = "`tg data prepare --setting <setting> --out <dir>` (tg.data.prepare)"
+_PREPARE_HINT = "`tg data prepare --setting <setting> --out <dir>` (tg.agent.data.prepare)"
 
 
 class DataError(ValueError):

@@ -8,7 +8,7 @@ The contract (Search-R1 `search_r1/search/retrieval_server.py`, docs/paper.md#re
 With `return_scores` false each inner list holds the documents themselves. wiki-18 documents carry
 the title on the first line of `contents`; tg's server also sends an explicit `title`.
 
-- `HTTPRetriever(url)` is a `tg.retrieval.Retriever` backed by any such server (Search-R1's E5 +
+- `HTTPRetriever(url)` is a `tg.agent.retrieval.Retriever` backed by any such server (Search-R1's E5 +
   FAISS server, or tg's own). Each request has a timeout; connection failures, timeouts and 5xx
   answers are retried with exponential backoff, then ONE `RetrieverUnavailableError` names the URL
   and what to start. A malformed answer raises `RetrieverResponseError` at once.
@@ -41,7 +41,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Sequence
 from urllib.parse import urlsplit
 
-from tg.retrieval import Retriever, doc_title
+from tg.agent.retrieval import Retriever, doc_title
 
 log = logging.getLogger(__name__)
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))

@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -35,7 +34,7 @@ from tg.config import DataConfig
 
 WORLD_VERSION = 4
 """Bump when the generator changes: it is part of the cache key."""
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 ENTITY_TYPES = ("country", "city", "company", "person")
 HOP_WEIGHTS = {2: 0.5, 3: 0.35, 4: 0.15}
 """Share of each hop count in the multi-hop sets."""
@@ -247,19 +246,6 @@ def build_world(cfg: DataConfig) -> World:
         rng.shuffle(multi[split])
         splits[split] += [_row(f"{split}-multi-{i}", MULTI, *p) for i, p in enumerate(multi[split])]
     return World(list(entities.values()), corpus, splits["train"], splits["test"])
-
-
-def answer_type(row: dict) -> str:
-    """The entity type of a question's answer (the object type of its last relation)."""
-    return RELATIONS[row["relations"][-1]].object
-
-
-def most_common_answers(rows: list[dict]) -> dict[str, str]:
-    """The most frequent golden answer per answer type: the no-search baseline's guesses."""
-    counts: dict[str, Counter] = {}
-    for q in rows:
-        counts.setdefault(answer_type(q), Counter())[q["golden_answers"][0]] += 1
-    return {t: c.most_common(1)[0][0] for t, c in counts.items()}
 
 
 # ---- on-disk cache -------------------------------------------------------------------------------

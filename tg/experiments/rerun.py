@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from tg.agent.data import DataError
 from tg.config import ConfigError
-from tg.data import DataError
-from tg.mini import Cell, cell_config, experiments, steps_path
+from tg.experiments.mini import Cell, cell_config, experiments, steps_path
 from tg.trainer import METRICS
 
 TIMERS = ("rollout_s", "logprob_s", "update_s")
@@ -42,7 +42,7 @@ class Committed:
 
 def grid_csv(grid_or_csv: str, root: str | Path | None = None) -> Path:
     """A grid name (results/mini/<name>.csv under `root` or this checkout) or a CSV path."""
-    from tg.world import resolve
+    from tg.agent.world import resolve
     path = Path(grid_or_csv)
     if path.suffix != ".csv":
         path = (Path(root) if root else resolve(".")) / "results" / "mini" / f"{grid_or_csv}.csv"
@@ -97,8 +97,8 @@ def rerun(path: Path, cell_name: str, seed: int, steps: int | None = None, run_d
           out: Callable[[str], None] = print) -> Rerun:
     """Retrain (cell, seed) to its evaluation points, or to `steps` only, comparing each step's metrics and
     each evaluation with the committed values."""
-    from tg.commands import build_run, evaluate_model
-    from tg.mini import _eval_columns
+    from tg.experiments.mini import _eval_columns
+    from tg.pipeline import build_run, evaluate_model
     c = committed(path, cell_name, seed)
     cfg = cell_config(c.cell, seed)
     made = next(iter(c.rows.values()))["config_hash"]
@@ -111,7 +111,7 @@ def rerun(path: Path, cell_name: str, seed: int, steps: int | None = None, run_d
         raise DataError(f"{steps_path(c.path)}: no per-step metrics of {c.cell.name} seed {seed} to compare with")
     points = sorted({p for p in c.cell.points if steps is None or p <= steps} | ({steps} if steps else set()))
     run = build_run(cfg, run_dir or tempfile.mkdtemp(prefix="tg-rerun-"))
-    from tg.warmup import machine
+    from tg.agent.warmup import machine
     made_on = next(iter(c.rows.values())).get("machine") or "an unrecorded machine"
     out(f"rerun of {c.path} {c.cell.name} seed {seed} (config {made}) in {run.trainer.run_dir}")
     out(f"committed on {made_on}; now on {machine()}")

@@ -2,7 +2,7 @@
 
 A corpus row is `{"id", "contents"}` with the title on the first line of `contents` (wiki-18), or an
 explicit `title` field. Every retriever returns, per query, the top-k documents as
-`{"id", "title", "contents"}` dicts, ready for `tg.protocol.format_observation`.
+`{"id", "title", "contents"}` dicts, ready for `tg.agent.protocol.format_observation`.
 
 Departures from the paper (docs/paper.md#retriever):
 1. The paper retrieves with dense E5 embeddings and an exact FAISS index; the cpu preset uses BM25
@@ -22,7 +22,7 @@ from typing import Any, Protocol, Sequence
 import bm25s
 import numpy as np
 
-from tg.data import DataError, json_lines, shown_keys
+from tg.agent.data import DataError, json_lines, shown_keys
 
 log = logging.getLogger(__name__)
 _CORPUS_HINT = 'each line must be one JSON object with a string id and contents: {"id": "0", "contents": "..."}'

@@ -1,5 +1,6 @@
 """Reading `tg mini`'s CSVs back (results/mini/<experiment>.csv): per-grid summaries over seeds, and the
-markdown tables of results/mini/README.md's report (`tg mini report`; the claims' verdicts are `tg.claims`)."""
+markdown tables of results/mini/README.md's report (`tg mini report`; the claims' verdicts are
+`tg.experiments.claims`)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import pandas as pd
 
 def load_rows(name: str, root: str | Path | None = None) -> pd.DataFrame:
     """results/mini/<name>.csv as a DataFrame (ConfigError naming the command when it is missing)."""
+    from tg.agent.world import resolve
     from tg.config import ConfigError
-    from tg.world import resolve
     path = (Path(root) if root else resolve(".")) / "results" / "mini" / f"{name}.csv"
     if not path.exists():
         raise ConfigError(f"{path} does not exist: run `tg mini run {name}` first")
@@ -92,7 +93,7 @@ def cell_summary(df: pd.DataFrame, reference: str | Mapping[str, str] | None = N
 REFERENCES: dict[str, str | dict[str, str]] = {
     "shapes": "(4,0,0)", "ablation": "chain", "sweep": {f"tree ({g // 2},2,1)": f"chain-{g}" for g in (2, 4, 8, 16)}}
 """The cell each grid's report pairs the others with, in each cell's own start: the chain of budget 4, or
-(sweep) each tree's chain of its budget (tg.mini declares the grids)."""
+(sweep) each tree's chain of its budget (tg.experiments.mini declares the grids)."""
 QUARTER_BUDGET = {"tree (2,2,1)": "chain-16"}
 """Claim 3's "quarter budget": the tree at budget 4 against the chain at 16 (sweep)."""
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tg.claims import claims_report, load_frames
 from tg.config import ConfigError
-from tg.files import atomic_write_text
-from tg.summary import cost_table, report
+from tg.experiments.claims import claims_report, load_frames
+from tg.experiments.summary import cost_table, report
+from tg.store.files import atomic_write_text
 
 GRIDS: dict[str, str] = {
     "ledger": "Claim 1: what a budget buys (`ledger.csv`, `figures/fig_mini_ledger.png`). One batch of rollouts "
@@ -53,27 +53,26 @@ def full_report(root: str | Path | None = None) -> str:
 
 def blocks(root: str | Path | None = None) -> dict[Path, tuple[str, str]]:
     """Each generated file under `root` (default: this checkout) -> (its block's name, the block's text)."""
-    from tg.world import resolve
+    from tg.agent.world import resolve
     base = Path(root) if root else resolve(".")
     return {base / "README.md": ("claims", claims_report(root)),
             base / "results" / "mini" / "README.md": ("report", full_report(root))}
 
 
+def markers(name: str) -> tuple[str, str]:
+    """The lines that open and close generated block `name` in a README."""
+    return f"<!-- BEGIN {name} (tg mini report --readme) -->", f"<!-- END {name} -->"
+
+
 def replace_block(text: str, name: str, block: str) -> str:
     """`text` with what lies between block `name`'s markers replaced by `block` (ConfigError when a marker is
     missing or out of order)."""
-    begin, end = f"<!-- BEGIN {name} (tg mini report --readme) -->", f"<!-- END {name} -->"
+    begin, end = markers(name)
     head, found, rest = text.partition(begin)
     _, found_end, tail = rest.partition(end)
     if not (found and found_end):
         raise ConfigError(f"no {begin} ... {end} block to write the generated text into")
     return f"{head}{begin}\n{block}\n{end}{tail}"
-
-
-def block_text(text: str, name: str) -> str:
-    """What lies between block `name`'s markers in `text` (without the newlines next to the markers)."""
-    begin, end = f"<!-- BEGIN {name} (tg mini report --readme) -->", f"<!-- END {name} -->"
-    return text.partition(begin)[2].partition(end)[0].strip("\n")
 
 
 def write_readmes(root: str | Path | None = None) -> list[Path]:

@@ -52,12 +52,12 @@ from typing import Any, Iterator, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from tg.agent.policy import CHAT_TEMPLATE, build_tiny_policy, save_policy
 from tg.config import Config, ConfigError, WarmupConfig
-from tg.policy import CHAT_TEMPLATE, build_tiny_policy, save_policy
-from tg.protocol import (Step, Trajectory, build_prompt, format_observation, parse_action, prompt_ids,
+from tg.agent.protocol import (Step, Trajectory, build_prompt, format_observation, parse_action, prompt_ids,
                          user_turn_ids)
-from tg.retrieval import Retriever, bm25_for
-from tg.world import MULTI, RELATIONS, SINGLE, WORLD_VERSION, World, ensure_world, load_world, resolve
+from tg.agent.retrieval import Retriever, bm25_for
+from tg.agent.world import MULTI, RELATIONS, SINGLE, WORLD_VERSION, World, ensure_world, load_world, resolve
 
 LR_WARMUP_SHARE = 0.05
 """Linear LR warm-up over this share of the steps."""
@@ -309,7 +309,7 @@ def machine() -> str:
            f"{torch.backends.cpu.get_cpu_capability()})"
 
 
-PINNED_DIR = Path(__file__).parent / "policies"
+PINNED_DIR = Path(__file__).parents[1] / "policies"
 """The committed starting policies (package data: a `pip install` gets them too), one directory each, named
 as the warm-up they stand for (`warmup_dir`). Results depend on a start's exact weights, and a rebuilt
 warm-up differs by CPU kind (float order), so every run loads these instead of rebuilding them."""

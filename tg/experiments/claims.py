@@ -2,7 +2,7 @@
 
 `FAMILY` lists, in one place, every comparison the claims table makes: which grid, which start, which cell
 minus which reference cell (paired by seed at the final evaluation step), which metric, and the paper's
-direction. `tg.verdict` turns each into a paired t-test and corrects the family's p-values with Holm's
+direction. `tg.experiments.verdict` turns each into a paired t-test and corrects the family's p-values with Holm's
 method; claims 1 and 7 are counts and an identity, decided by their own rules (`ledger_rule`, `theory_rule`).
 `tg mini report --readme` writes the tables between the markers of README.md and results/mini/README.md.
 """
@@ -15,10 +15,10 @@ from typing import Mapping
 
 import pandas as pd
 
-from tg.verdict import ALPHA, PairedTest, claim_verdict, holm, paired_test, t_critical, verdict
+from tg.experiments.verdict import ALPHA, PairedTest, claim_verdict, holm, paired_test, t_critical, verdict
 
 FINAL_STEP = 60
-"""The evaluation step every comparison reads (the cpu preset's last, `tg.mini.POINTS`)."""
+"""The evaluation step every comparison reads (the cpu preset's last, `tg.experiments.mini.POINTS`)."""
 THEORY_TOLERANCE = 1e-10
 """Claim 7 holds if every |difference| of Proposition 3.1's three forms is below this (float64 gradients)."""
 REGIMES = ("hard", "moderate")
@@ -166,7 +166,7 @@ def _comparison_row(r: Result) -> list[str]:
 def claims_table(results: list[Result], rules: Mapping[int, tuple[str, str]]) -> str:
     """The claims table: a row per claim with its verdict, then a row per comparison of that claim; `rules` holds
     the non-statistical claims' (what the rows show, verdict) (`ledger_rule`, `theory_rule`)."""
-    from tg.summary import markdown
+    from tg.experiments.summary import markdown
     rows = []
     for claim, text in CLAIMS.items():
         parts = [r for r in results if claim in r.comparison.claims]
@@ -195,7 +195,7 @@ def claims_table(results: list[Result], rules: Mapping[int, tuple[str, str]]) ->
 def load_frames(root: str | Path | None = None) -> dict[str, pd.DataFrame]:
     """The rows of every grid the claims read that has a CSV (missing grids are left out)."""
     from tg.config import ConfigError
-    from tg.summary import load_rows
+    from tg.experiments.summary import load_rows
     frames = {}
     for name in ("budget", "ledger", "theory", "sweep", "ablation", "shapes"):
         try:

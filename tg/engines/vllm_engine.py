@@ -1,7 +1,7 @@
-"""The vLLM engine: the `Engine` interface of `tg.engine` on vLLM, with automatic prefix caching.
+"""The vLLM engine: the `Engine` interface of `tg.engines.engine` on vLLM, with automatic prefix caching.
 
     engine = VLLMEngine("runs/policy", tokenizer, lora=True)
-    batch = engine.open(contexts, counts, sampling)        # as every engine (tg/engine.py)
+    batch = engine.open(contexts, counts, sampling)        # as every engine (tg/engines/engine.py)
     diff = engine.sync(peft_model, probe_ids)               # after each optimiser step: serve + check
     # = engine.load_adapter(peft_model or adapter_dir); engine.check_sync(probe_ids, trainer_logprobs)
 
@@ -60,10 +60,10 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
-from tg.engine import GenOut, PrefillStats, Sampling, StopChecker
-from tg.finetune import dequantized_base
-from tg.kvcache import PrefixStore
-from tg.protocol import STOP_STRINGS
+from tg.agent.finetune import dequantized_base
+from tg.agent.protocol import STOP_STRINGS
+from tg.engines.engine import GenOut, PrefillStats, Sampling, StopChecker
+from tg.engines.kvcache import PrefixStore
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ class VLLMEngine:
     block_size:           KV block in tokens; prefix reuse works in whole blocks (CPU needs a multiple of 32).
     seed:                 `LLM(seed=...)`: seeds vLLM's generators at start-up (a CPU engine with
                           multiprocessing=True samples from that one stream; see the module docstring, 5).
-    dtype:                'auto' = float32 on CPU, bfloat16 on GPU (as tg.policy.resolve_dtype).
+    dtype:                'auto' = float32 on CPU, bfloat16 on GPU (as tg.agent.policy.resolve_dtype).
     data_parallel_size:   under torchrun with that many ranks: one engine per rank on its own GPU, each
                           sampling its own rows (vLLM's `external_launcher` data-parallel mode; GPU only).
     enforce_eager:        no torch.compile / CUDA graphs: `LLM()` ~3 s instead of 30-90 s on CPU.
@@ -428,7 +428,7 @@ def probe_logprobs(model: torch.nn.Module, ids: Sequence[int]) -> list[float]:
 
 
 class VLLMBatch:
-    """Rows of a `VLLMEngine` batch; see `tg.engine.EngineBatch`. A row is its token context."""
+    """Rows of a `VLLMEngine` batch; see `tg.engines.engine.EngineBatch`. A row is its token context."""
 
     def __init__(self, engine: VLLMEngine, contexts: Sequence[Sequence[int]], counts: Sequence[int],
                  sampling: Sampling) -> None:

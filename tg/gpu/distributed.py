@@ -1,4 +1,4 @@
-"""Training over several ranks with PyTorch's own stack: torchrun, torch.distributed, DDP (FSDP2: tg.fsdp).
+"""Training over several ranks with PyTorch's own stack: torchrun, torch.distributed, DDP (FSDP2: tg.gpu.fsdp).
 
     torchrun --nproc_per_node K -m tg train ...          # docs/distributed.md
 
@@ -101,7 +101,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 class Parallel:
     """One process: every prompt shard is rolled out here and every hook is the identity. `DataParallel`
-    (DDP) and `tg.fsdp.FullyShardedParallel` (FSDP2) are the several-rank versions."""
+    (DDP) and `tg.gpu.fsdp.FullyShardedParallel` (FSDP2) are the several-rank versions."""
 
     rank, world = 0, 1
 
@@ -277,6 +277,6 @@ def start(cfg: Config) -> Parallel:
         if cfg.model.finetune != "full":
             raise ConfigError(f"optim.parallel=fsdp shards full fine-tuning only (model.finetune is "
                               f"{cfg.model.finetune!r}): use optim.parallel=ddp or auto")
-        from tg.fsdp import FullyShardedParallel
+        from tg.gpu.fsdp import FullyShardedParallel
         return FullyShardedParallel(cfg.optim.rollout_shards)
     return DataParallel(cfg.optim.rollout_shards)

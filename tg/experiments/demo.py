@@ -14,20 +14,21 @@ from typing import Any
 
 import numpy as np
 
-from tg.commands import build_run, evaluate_model, method_name
+from tg.agent.data import is_single_hop
+from tg.agent.policy import load_policy
+from tg.agent.world import resolve
 from tg.config import Config
-from tg.engine import HFEngine
-from tg.evaluate import EvalResult, append_row, result_row
-from tg.pipeline import Resources, load_resources
-from tg.policy import load_policy
+from tg.engines.engine import HFEngine
+from tg.evaluate import EvalResult, result_row
+from tg.pipeline import Resources, build_run, evaluate_model, load_resources, method_name
+from tg.store.files import append_csv_rows
 from tg.trainer import leaf_rewards, sample_batch
-from tg.world import resolve
 
 PAIR = {"chain GRPO, G=4": dict(M=4, N=0, L=0), "Tree-GRPO (2,2,1)": dict(M=2, N=2, L=1)}
 
 
 def _multi_hop_calls(result: EvalResult) -> float:
-    calls = [c for c, s in zip(result.tool_calls, result.sources) if not s.endswith("single")]
+    calls = [c for c, s in zip(result.tool_calls, result.sources) if not is_single_hop(s)]
     return float(np.mean(calls)) if calls else float("nan")
 
 
@@ -63,8 +64,8 @@ def _table(rows: dict[str, dict]) -> str:
 
 def _summary(result: EvalResult, metrics: list[dict], seconds: float) -> dict:
     by = result.by_source()
-    single = np.mean([v for k, v in by.items() if k.endswith("single")])
-    multi = np.mean([v for k, v in by.items() if not k.endswith("single")])
+    single = np.mean([v for k, v in by.items() if is_single_hop(k)])
+    multi = np.mean([v for k, v in by.items() if not is_single_hop(k)])
     return {"em_single": float(single), "em_multi": float(multi), "calls_multi": _multi_hop_calls(result),
             "trajectories": float(np.mean([m["trajectories"] for m in metrics])) if metrics else 0.0,
             "generated": float(np.mean([m["generated"] for m in metrics])) if metrics else 0.0,
@@ -89,9 +90,9 @@ def run_demo(cfg: Config, out_dir: str | Path = "figures") -> dict[str, dict]:
         histories[name] = run.trainer.fit()
         results[name] = evaluate_model(run.trainer.policy.model, run.tokenizer, run.resources, run_cfg)
         summaries[name] = _summary(results[name], histories[name], time.perf_counter() - t0)
-        append_row(resolve("results") / "demo.csv", result_row(results[name], run_cfg, method=method_name(run_cfg),
-                                                             model=cfg.model.name_or_path, seed=cfg.optim.seed,
-                                                             step=run.trainer.step_done))
+        row = result_row(results[name], run_cfg, method=method_name(run_cfg), model=cfg.model.name_or_path,
+                         seed=cfg.optim.seed, step=run.trainer.step_done)
+        append_csv_rows(resolve("results") / "demo.csv", [row])
     print("\n" + _table(summaries))
     path = draw_demo(histories, summaries, Path(resolve(out_dir)) / "demo_chain_vs_tree.png", cfg)
     print(f"\nfigure: {path}\n" + json.dumps(summaries, indent=1))
@@ -102,7 +103,7 @@ def draw_demo(histories: dict[str, list[dict]], summaries: dict[str, dict], path
     """Learning curves (training reward, leaf EM) and test EM bars, side by side."""
     import matplotlib.pyplot as plt
 
-    from tg.plots import learning_curves
+    from tg.experiments.plots import learning_curves
     fig, ax = plt.subplots(1, 3, figsize=(14, 3.6))
     learning_curves(histories, ("reward", "em"), ax=ax[:2])
     names = list(summaries)

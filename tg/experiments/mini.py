@@ -18,7 +18,6 @@ The two starting regimes are declared here, before any result was seen (results/
 from __future__ import annotations
 
 import csv
-import datetime as _dt
 import multiprocessing as mp
 import signal
 import time
@@ -29,7 +28,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from tg.config import Config, ConfigError, load_config
-from tg.files import append_csv_rows
+from tg.store.files import append_csv_rows, provenance
 
 REGIMES: dict[str, tuple[str, ...]] = {"moderate": (), "hard": ("warmup.early_stop_share=0.95",)}
 """Config overrides of each starting regime (the warm-up's difficulty knob)."""
@@ -160,11 +159,6 @@ def done_keys(path: Path) -> set[tuple[str, int, int]]:
     return {_row_key(r) for r in csv.DictReader(path.open())} if path.exists() else set()
 
 
-def append_rows(path: Path, rows: list[dict]) -> None:
-    """Append rows, widening the header when new columns appear (locked and atomic: `tg.files.append_csv_rows`)."""
-    append_csv_rows(path, rows)
-
-
 @dataclass(frozen=True)
 class Job:
     experiment: str
@@ -203,7 +197,7 @@ def reuse_rows(cells: list[Cell], path: Path) -> list[dict]:
             rows += [{**found[key, str(p)], "cell": c.name, **c.labels} for p in c.points
                      if (c.name, seed, p) not in done and (key, str(p)) in found]
     if rows:
-        append_rows(path, rows)
+        append_csv_rows(path, rows)
     return rows
 
 
@@ -218,20 +212,18 @@ def regime_of(cell: Cell) -> str:
 
 def _provenance(cfg: Config, cell: Cell, seed: int, step: int) -> dict:
     """Which row this is and what made it; `machine` (CPU and torch's vector ISA) because floats depend on it."""
-    from tg.evaluate import git_sha
-    from tg.warmup import machine
+    from tg.agent.warmup import machine
     t = cfg.tree
     return {"cell": cell.name, "seed": seed, "step": step, "regime": regime_of(cell), "setting": cfg.data.setting,
             **cell.labels, "M": t.M, "N": t.N, "L": t.L, "budget": t.chain_equivalent_budget,
-            "advantage": "chain" if t.is_chain else cfg.optim.advantage, "preset": cfg.preset,
-            "config_hash": cfg.hash(), "git_sha": git_sha(), "date": _dt.date.today().isoformat(),
+            "advantage": "chain" if t.is_chain else cfg.optim.advantage, **provenance(cfg, seed),
             "machine": machine()}
 
 
 def _eval_columns(result: Any) -> dict:
-    from tg.pipeline import SINGLE_SOURCES
-    single = [i for i, s in enumerate(result.sources) if s in SINGLE_SOURCES]
-    multi = [i for i, s in enumerate(result.sources) if s not in SINGLE_SOURCES]
+    from tg.agent.data import is_single_hop
+    single = [i for i, s in enumerate(result.sources) if is_single_hop(s)]
+    multi = [i for i, s in enumerate(result.sources) if not is_single_hop(s)]
     sc, calls = np.array(result.scores), np.array(result.tool_calls, dtype=float)
     return {"em_single": round(100 * sc[single].mean(), 2), "em_multi": round(100 * sc[multi].mean(), 2),
             "calls_single": round(calls[single].mean(), 3), "calls_multi": round(calls[multi].mean(), 3),
@@ -254,22 +246,20 @@ def run_job(job: Job, root: Path) -> Iterator[dict]:
     cfg = cell_config(job.cell, job.seed)
     kind = job.cell.kind
     if kind == "theory":
-        from tg.evaluate import git_sha
-        yield {"cell": job.cell.name, "seed": job.seed, "step": 0, **theory_columns(job.seed), "git_sha": git_sha(),
-               "date": _dt.date.today().isoformat()}
+        yield {"cell": job.cell.name, "seed": job.seed, "step": 0, **theory_columns(job.seed),
+               **provenance(None, job.seed)}
     elif kind == "ledger":
         yield {**_provenance(cfg, job.cell, job.seed, 0), **ledger_columns(cfg)}
     elif kind == "start":
-        from tg.commands import evaluate_model
-        from tg.pipeline import load_resources
-        from tg.policy import load_policy
+        from tg.agent.policy import load_policy
+        from tg.pipeline import evaluate_model, load_resources
         res = load_resources(cfg)
         model, tok = load_policy(res.policy_path)
         t0 = time.perf_counter()
         cols = _eval_columns(evaluate_model(model, tok, res, cfg, progress=False))
         yield {**_provenance(cfg, job.cell, job.seed, 0), **cols, "eval_s": round(time.perf_counter() - t0, 1)}
     else:
-        from tg.commands import build_run, train_and_evaluate
+        from tg.pipeline import build_run, train_and_evaluate
         run = build_run(cfg, root / "runs" / "mini" / job.experiment / f"{job.cell.name}-s{job.seed}".replace("/", "_"))
         for p, metrics, result in train_and_evaluate(run, cfg, job.points, run.trainer.checkpoint_path.exists(),
                                                      progress=False):
@@ -282,15 +272,14 @@ def run_job(job: Job, root: Path) -> Iterator[dict]:
 def ledger_columns(cfg: Config, n_questions: int = 16) -> dict:
     """Claim 1: one batch of rollouts (the trainer's sampling at step 0) from the starting policy on the
     first `n_questions` training questions of the setting; the budget ledger per question and per trajectory."""
+    from tg.agent.policy import load_policy
     from tg.budget import Ledger, ledgers
-    from tg.commands import _setting_of
-    from tg.engine import HFEngine
+    from tg.engines.engine import HFEngine
     from tg.pipeline import load_resources
-    from tg.policy import load_policy
     from tg.trainer import rollout_seed, sample_batch
     res = load_resources(cfg)
     model, tok = load_policy(res.policy_path)
-    questions = [q for q in res.train if _setting_of(q) == cfg.data.setting][:n_questions]
+    questions = res.train_set(cfg)[:n_questions]
     trees, stats = sample_batch(HFEngine(model, tok, prefix_reuse=cfg.tree.prefix_reuse), res.env(tok, cfg), tok,
                                 questions, cfg, rollout_seed(cfg.optim.seed, 0))
     total = Ledger.total(ledgers(trees, stats))
@@ -336,8 +325,8 @@ def run_experiment(name: str, workers: int = 2, root: str | Path | None = None,
     """Run every missing (cell, seed, point) of experiment `name`; rows go to <root>/results/mini/<name>.csv."""
     from tqdm.auto import tqdm
 
+    from tg.agent.world import resolve
     from tg.pipeline import load_resources
-    from tg.world import resolve
     cells = select_cells(name) if cells is None else cells
     root = Path(root) if root else resolve(".")
     path = root / "results" / "mini" / f"{name}.csv"
@@ -398,8 +387,8 @@ def _collect(events: Any, path: Path, bar: Any, errors: list[str], n_jobs: int |
             steps = payload.pop(STEPS_KEY, [])
             done = done_keys(steps_path(path))
             if new := [r for r in steps if _row_key(r) not in done]:  # steps first: a row means its steps are in
-                append_rows(steps_path(path), new)
-            append_rows(path, [payload])
+                append_csv_rows(steps_path(path), new)
+            append_csv_rows(path, [payload])
             step = int(payload["step"]) if job.cell.kind == "train" else 0
             bar.update(max(step - progressed.get(job, 0), 0))
             progressed[job] = max(step, progressed.get(job, 0))

@@ -6,7 +6,7 @@ loading anything (for every model but the tiny one; `--skip-preflight` skips the
 runs the longest sample first (`measure_longest_sample`) so that an out-of-memory error happens in
 minute one, and prints the estimated wall time of the whole run from the measured tokens/s.
 
-The arithmetic lives in `tg.estimate` (pure, tested by hand); this module only gathers facts
+The arithmetic lives in `tg.gpu.estimate` (pure, tested by hand); this module only gathers facts
 (CUDA, GPU memory, files, the hub cache, the retriever) and formats them.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tg.config import Config
-from tg.estimate import (GIB, ModelShape, known_shape, largest_fitting, memory_estimate, run_seconds, sharded,
+from tg.gpu.estimate import (GIB, ModelShape, known_shape, largest_fitting, memory_estimate, run_seconds, sharded,
                          step_seconds, vllm_kv_tokens, workload)
 
 REFERENCE_GPU_GIB = 80
@@ -137,8 +137,8 @@ def check_model(cfg: Config) -> tuple[Check, ModelShape | None]:
 
 
 def check_data(cfg: Config) -> Check:
-    from tg.data import DataError, load_questions, split_file
-    from tg.world import resolve
+    from tg.agent.data import DataError, load_questions, split_file
+    from tg.agent.world import resolve
     d = cfg.data
     if d.source == "synthetic":
         return Check("data", "ok", "synthetic world (built and cached on first use)")
@@ -155,10 +155,10 @@ def check_data(cfg: Config) -> Check:
 
 
 def check_retriever(cfg: Config) -> Check:
-    from tg.world import resolve
+    from tg.agent.world import resolve
     d = cfg.data
     if d.retriever == "http":
-        from tg.server import HTTPRetriever
+        from tg.agent.server import HTTPRetriever
         try:
             HTTPRetriever(d.retriever_url, timeout=5, retries=0).search(["preflight"], 1)
         except (ConnectionError, ValueError) as err:
@@ -177,7 +177,7 @@ def check_retriever(cfg: Config) -> Check:
 
 
 def check_memory(cfg: Config, shape: ModelShape | None, memory: int | None, gpus: int = 1) -> Check:
-    """The estimate (tg.estimate) per rank of `gpus` against the GPU; the fix names the field to change."""
+    """The estimate (tg.gpu.estimate) per rank of `gpus` against the GPU; the fix names the field to change."""
     if shape is None:
         return Check("memory", "skip", "model shape unknown (config.json not at hand)", required=False)
     gpu = memory or REFERENCE_GPU_GIB * GIB
@@ -294,7 +294,7 @@ def measure_longest_sample(model: Any, vocab: int, rows: int, tokens: int, decod
 def check_longest_sample(model: Any, cfg: Config, vocab: int) -> tuple[Check, Throughput | None]:
     """Run the longest micro-batch now; an out-of-memory becomes a failing check with its fix."""
     import torch
-    from tg.estimate import longest_row_tokens
+    from tg.gpu.estimate import longest_row_tokens
     rows, tokens = cfg.optim.micro_batch_rows, longest_row_tokens(cfg)
     try:
         tp = measure_longest_sample(model, vocab, rows, tokens, decode_rows=min(32, cfg.eval.batch_size))
@@ -313,7 +313,7 @@ def run_preflight(cfg: Config, given: Throughput | None = None, measure: bool = 
     can_measure = measure and given is None and shape is not None and gpu_bytes() is not None
     can_measure = can_measure and not sharded(cfg, gpus)  # one GPU cannot hold what K ranks shard
     if can_measure and cfg.model.name_or_path != "tiny" and not any(c.failed for c in checks):
-        from tg.finetune import default_device, trainable_policy
+        from tg.agent.finetune import default_device, trainable_policy
         policy = trainable_policy(cfg.model.name_or_path, cfg.model, default_device())
         longest, tp = check_longest_sample(policy.model, cfg, shape.vocab)
         checks.append(longest)

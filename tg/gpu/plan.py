@@ -1,18 +1,18 @@
 """`tg plan`: which of the paper's Table 1 models fit on 1, 2, 4 or 8 GPUs of 24, 48 and 80 GB, and what a
-paper-schedule run costs on each: estimates from `tg.estimate`, printed as the tables of docs/gpu.md.
+paper-schedule run costs on each: estimates from `tg.gpu.estimate`, printed as the tables of docs/gpu.md.
 
 The rows are the paper presets (multi-hop, `paper` schedule, one row per micro-batch) under three set-ups:
 - QLoRA, vLLM: the presets as they are, with agent.engine=vllm; ranks are DDP replicas;
-- full, HF, FSDP2: `--recipe full` (bf16, lr 1e-6); over K > 1 ranks FSDP2 shards the model (tg.fsdp);
+- full, HF, FSDP2: `--recipe full` (bf16, lr 1e-6); over K > 1 ranks FSDP2 shards the model (tg.gpu.fsdp);
 - full, vLLM, DDP: `--recipe full --set optim.parallel=ddp --set agent.engine=vllm`: replicas, paged KV.
 Wall times assume the throughputs of docs/gpu.md for Qwen2.5-1.5B (`ASSUMED_TPS`), scaled by the inverse of
-the parameter count, and a perfect split over the ranks (tg.estimate, assumption 6). They are not measured.
+the parameter count, and a perfect split over the ranks (tg.gpu.estimate, assumption 6). They are not measured.
 """
 
 from __future__ import annotations
 
 from tg.config import Config, TABLE1_MODELS, load_config
-from tg.estimate import GIB, QWEN2_5_1_5B, known_shape, memory_estimate, param_counts, run_seconds, workload
+from tg.gpu.estimate import GIB, QWEN2_5_1_5B, known_shape, memory_estimate, param_counts, run_seconds, workload
 
 GPU_GIB = (24, 48, 80)
 GPU_COUNTS = (1, 2, 4, 8)

@@ -1,6 +1,6 @@
 """Verdicts by a declared rule: paired differences, a paired t-test, Holm's correction (pure, stdlib only).
 
-The claims table (`tg.claims`) compares two cells of a grid seed by seed (the same seed gives both cells the
+The claims table (`tg.experiments.claims`) compares two cells of a grid seed by seed (the same seed gives both cells the
 same question order), so each comparison is a list of paired differences d_1..d_n. For each:
 
     effect = mean(d),  se = sd(d) / sqrt(n),  t = effect / se,  p = P(|T_{n-1}| >= |t|)   (two-sided)

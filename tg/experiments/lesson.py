@@ -21,14 +21,14 @@ from typing import Any, Callable
 
 import torch
 
+from tg.agent.data import Question, is_single_hop
+from tg.agent.env import SearchEnv
+from tg.agent.policy import load_policy
+from tg.agent.protocol import prompt_ids
+from tg.agent.world import resolve
 from tg.config import Config, load_config
-from tg.data import Question
-from tg.engine import HFEngine, Sampling
-from tg.env import SearchEnv
-from tg.pipeline import SINGLE_SOURCES, Resources, load_resources
-from tg.policy import load_policy
-from tg.protocol import prompt_ids
-from tg.world import resolve
+from tg.engines.engine import HFEngine, Sampling
+from tg.pipeline import Resources, load_resources
 
 SOLUTIONS_FILE = "notebooks/solutions.py"
 SOLUTIONS_ENV = "TG_SOLUTIONS"
@@ -64,10 +64,10 @@ class Lesson:
         if hops not in ("single", "multi"):
             raise ValueError(f"hops must be 'single' or 'multi', got {hops!r}")
         pool = self.res.train if split == "train" else self.res.test
-        return [q for q in pool if (q.data_source in SINGLE_SOURCES) == (hops == "single")]
+        return [q for q in pool if is_single_hop(q.data_source) == (hops == "single")]
 
     def prompts(self, questions: list[Question]) -> list[list[int]]:
-        """Each question's prompt ids through the chat template (`tg.protocol.prompt_ids`)."""
+        """Each question's prompt ids through the chat template (`tg.agent.protocol.prompt_ids`)."""
         return [prompt_ids(self.tok, q.question) for q in questions]
 
 

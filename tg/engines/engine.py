@@ -10,10 +10,10 @@ An engine turns contexts (token ids) into *rows* and generates one agent step pe
 Token ids are returned exactly as sampled. `batch.stats` counts prefill tokens actually computed
 and prefill tokens saved by reuse (a context shared by k rows is prefilled once: k-1 saved).
 
-`open(..., prefixes=store)` (a `tg.kvcache.PrefixStore`, scoped to one rollout) keeps the rows a batch
+`open(..., prefixes=store)` (a `tg.engines.kvcache.PrefixStore`, scoped to one rollout) keeps the rows a batch
 releases and lets a later batch start a context from the cache of a kept row it extends (tree
 expansion: a branch's context is a prefix of the chain it branches from) instead of prefilling it.
-The caches themselves are in `tg.kvcache`.
+The caches themselves are in `tg.engines.kvcache`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import Any, Protocol, Sequence
 
 import torch
 
-from tg.kvcache import GrowingCache, PrefixStore, grouped_attention
-from tg.protocol import STOP_STRINGS
+from tg.agent.protocol import STOP_STRINGS
+from tg.engines.kvcache import GrowingCache, PrefixStore, grouped_attention
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from tg.engine import GenOut
-from tg.protocol import INVALID_ACTION, Action, Step, format_observation, parse_action
+from tg.agent.protocol import INVALID_ACTION, Action, Step, format_observation, parse_action
+from tg.engines.engine import GenOut
 
 
 class SearchEnv:

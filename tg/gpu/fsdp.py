@@ -9,7 +9,7 @@ sharded the same way. What differs from one-rank training, numbered:
    keeps them whole for the rollout, and shards them again after. A rollout holds the full policy on
    each rank, as vLLM would.
 2. Gradients are reduce-scattered (averaged over the ranks) after every micro-batch's backward and
-   accumulate in their shards (tg.distributed, 4: the loss weight carries the factor W).
+   accumulate in their shards (tg.gpu.distributed, 4: the loss weight carries the factor W).
 3. Checkpoints hold full tensors in the one-process layout (weights by name, optimiser state by parameter
    index): a run may resume on another world size, with DDP, or in one process.
 On CPU the gloo backend runs it (tests/test_distributed.py); bf16 and NCCL only on GPUs.
@@ -22,7 +22,7 @@ from typing import Any, Iterator
 
 import torch
 
-from tg.distributed import DataParallel
+from tg.gpu.distributed import DataParallel
 
 
 def decoder_layers(model: Any) -> list[torch.nn.Module]:

@@ -1,13 +1,13 @@
 """Memory and wall-time estimates for one run on one GPU or per rank on K: pure arithmetic, no torch, no I/O.
 
-`tg preflight` (tg/preflight.py) feeds these functions a model shape, the config and either a
+`tg preflight` (tg/gpu/preflight.py) feeds these functions a model shape, the config and either a
 measured or an assumed throughput; the tests check every size against a hand computation for
 Qwen2.5-1.5B. Sizes are bytes; "GiB" is 2**30 bytes.
 
 Where the bytes go (QLoRA, the paper presets):
 - the base: decoder Linear weights in NF4 (0.5 byte/param + one fp32 absmax per 64 weights, no
   double quantisation), every other parameter (embeddings, norms, biases) in the compute dtype (bf16 on
-  a GPU; `tg.finetune` does not cast them to fp32 as peft's `prepare_model_for_kbit_training` would);
+  a GPU; `tg.agent.finetune` does not cast them to fp32 as peft's `prepare_model_for_kbit_training` would);
 - LoRA: A and B per target module, fp32 (peft's default autocast), with fp32 grads and AdamW's two
   fp32 moments: 16 bytes per LoRA parameter;
 - activations of the longest micro-batch (`activation_bytes`) and the rollout KV cache of the engine.
@@ -28,9 +28,9 @@ on the GPU replace the throughput ones):
    profiling activations (`VLLM_OVERHEAD`) and the KV cache (the rest).
 4. CUDA context and allocator slack: `CUDA_OVERHEAD` per process.
 5. A forward pass costs a third of a forward + backward (`FORWARD_SHARE`).
-6. K GPUs (tg.distributed): each rank rolls out and trains P / K prompts and evaluates 1 / K of the questions,
+6. K GPUs (tg.gpu.distributed): each rank rolls out and trains P / K prompts and evaluates 1 / K of the questions,
    so the wall time divides by K (communication not counted). Full fine-tuning over K > 1 ranks is sharded
-   by FSDP2 (tg.fsdp): weights, reference, gradients and AdamW moments take 1 / K per rank, and a rollout
+   by FSDP2 (tg.gpu.fsdp): weights, reference, gradients and AdamW moments take 1 / K per rank, and a rollout
    gathers one whole bf16 copy of the policy (`MemoryEstimate.gathered`). LoRA / QLoRA ranks are replicas.
 """
 
@@ -40,8 +40,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+from tg.agent.data import SETTINGS, TEST_SIZES
 from tg.config import Config
-from tg.data import SETTINGS, TEST_SIZES
 
 GIB = 2**30
 NF4_BYTES_PER_PARAM = 0.5 + 4 / 64
@@ -138,7 +138,7 @@ def weight_bytes(s: ModelShape, finetune: str, weight_dtype_bytes: int = 2) -> i
     """Bytes of the model's weights on the GPU, before any optimiser state.
 
     qlora: NF4 decoder Linears, the rest at `weight_dtype_bytes` (module docstring). lora / full: every
-    parameter at `weight_dtype_bytes` (2 for bf16). Full fine-tuning adds a frozen reference copy (tg.finetune).
+    parameter at `weight_dtype_bytes` (2 for bf16). Full fine-tuning adds a frozen reference copy (tg.agent.finetune).
     """
     p = param_counts(s)
     if finetune == "qlora":
@@ -256,14 +256,14 @@ def longest_row_tokens(cfg: Config) -> int:
 
 
 def sharded(cfg: Config, gpus: int) -> bool:
-    """Whether `gpus` ranks shard the model with FSDP2 (tg.distributed.start's choice)."""
+    """Whether `gpus` ranks shard the model with FSDP2 (tg.gpu.distributed.start's choice)."""
     return gpus > 1 and cfg.model.finetune == "full" and cfg.optim.parallel in ("auto", "fsdp")
 
 
 def rollout_rows(cfg: Config, gpus: int = 1) -> int:
     """Rows of KV the HF engine holds at once: a step's rows (chains: prompts x M; trees: in round l,
     prompts x M x N live branches, each with its own copy of the prefix KV, plus the K/V kept from the
-    prompts x M (1 + (l-1) N) rows they branch from, `tg.kvcache.PrefixStore`: prompts x M (1 + L N) at
+    prompts x M (1 + (l-1) N) rows they branch from, `tg.engines.kvcache.PrefixStore`: prompts x M (1 + L N) at
     most), or one evaluation batch. Over `gpus` ranks each rolls out 1 / gpus of the prompts."""
     t = cfg.tree
     return max(cfg.optim.prompts_per_step // gpus * t.M * (1 + t.N * t.L), cfg.eval.batch_size)

@@ -1,4 +1,4 @@
-"""Result files that survive concurrent writers and interruption.
+"""Result files that survive concurrent writers and interruption, and the provenance every result row carries.
 
 Several processes append to one CSV (`tg train` runs, `tg eval`, the demo, `tg mini` workers writing
 results/): each append holds an exclusive lock (fcntl) and rewrites the file through a temporary file and
@@ -8,12 +8,17 @@ a rename, so no row is lost to a concurrent writer and an interrupted write leav
 from __future__ import annotations
 
 import csv
+import datetime
 import fcntl
 import io
 import os
+import subprocess
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
+
+if TYPE_CHECKING:
+    from tg.config import Config
 
 
 def lock_path(path: Path) -> Path:
@@ -45,8 +50,9 @@ def atomic_write_text(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def append_csv_rows(path: Path, rows: Sequence[dict]) -> None:
+def append_csv_rows(path: str | Path, rows: Sequence[dict]) -> None:
     """Append `rows` to the CSV at `path`, widening the header when new columns appear (values as str)."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(path):
         old = []
@@ -59,3 +65,19 @@ def append_csv_rows(path: Path, rows: Sequence[dict]) -> None:
         w.writeheader()
         w.writerows(allrows)
         atomic_write_text(path, out.getvalue())
+
+
+def git_sha() -> str:
+    """The checkout's short commit id, or 'unknown' outside a git checkout."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def provenance(cfg: Config | None, seed: int) -> dict:
+    """What made a result row: the preset and config hash (when a config made it), commit, seed and date.
+    A row that already holds `seed` keeps it where it stands (dict order is the CSV's column order)."""
+    made = {"preset": cfg.preset, "config_hash": cfg.hash()} if cfg is not None else {}
+    return {**made, "git_sha": git_sha(), "seed": seed, "date": datetime.date.today().isoformat()}
