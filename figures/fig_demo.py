@@ -2,8 +2,9 @@
 
 Reads results/demo.csv (rows of `tg.experiments.demo.run_demo`: model, method, step, one EM column per test
 set, e.g. synthetic_single and synthetic_multi, a calls_<set> column per test set, then preset,
-config_hash, git_sha, seed, date, n). Bars are the mean over the rows of a method, error bars the
-std when there are several seeds. The synthetic world has no paper counterpart: no paper numbers.
+config_hash, git_sha, seed, date, n; the newest row of each method and seed counts). Bars are the mean
+over a method's seeds, error bars the std when there are several. The synthetic world has no paper
+counterpart: no paper numbers.
 Writes figures/fig_demo.png.
 """
 
@@ -16,7 +17,8 @@ import pandas as pd
 from figures import _common as c
 
 NAME = "fig_demo.png"
-NOT_METRICS = {"model", "method", "step", "preset", "config_hash", "git_sha", "seed", "date", "n"}
+NOT_METRICS = {"model", "method", "step", "preset", "config_hash", "git_sha", "seed", "date", "n", "machine",
+               "trajectories_per_q", "generated_per_q", "minutes"}
 
 
 def load(root: Path) -> tuple[pd.DataFrame, list[str], list[str]] | None:
@@ -24,6 +26,7 @@ def load(root: Path) -> tuple[pd.DataFrame, list[str], list[str]] | None:
     df = c.ours(root, "demo.csv")
     if df is None:
         return None
+    df = df.drop_duplicates(["method", "seed"], keep="last")  # a rerun of the same seed replaces the earlier row
     calls = [k for k in df if k.startswith("calls_")]
     em = [k for k in df if k not in NOT_METRICS and k not in calls]
     return df, em, calls

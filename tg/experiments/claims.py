@@ -192,6 +192,31 @@ def claims_table(results: list[Result], rules: Mapping[int, tuple[str, str]]) ->
               f"α = {ALPHA}.{bar}")
 
 
+def claims_summary(results: list[Result], rules: Mapping[int, tuple[str, str]]) -> str:
+    """The README's short table: a row per claim with its verdict and, for a tested claim, its comparison of
+    smallest Holm p (the one nearest to holding), effect ± se and p; the full table is `claims_table`."""
+    from tg.experiments.summary import markdown
+    rows = []
+    for claim, text in CLAIMS.items():
+        if claim in rules:
+            shown, decided = rules[claim]
+            rows.append([str(claim), text, shown, decided])
+            continue
+        parts = [r for r in results if claim in r.comparison.claims]
+        tested = [r for r in parts if r.test is not None]
+        decided = f"{claim_verdict([r.verdict for r in parts])} ({sum(r.verdict == 'holds' for r in parts)} of " \
+                  f"{len(parts)} hold)"
+        if not tested:
+            rows.append([str(claim), text, "", decided])
+            continue
+        best = min(tested, key=lambda r: (r.p_holm, r.test.p))
+        f = ".2f" if best.comparison.metric == "calls_multi" else ".1f"
+        rows.append([str(claim), text, f"{best.comparison.label()}, {best.comparison.regime} start: "
+                     f"{best.test.effect:+{f}} ± {best.test.se:{f}}, p {_p(best.test.p)}, Holm p {_p(best.p_holm)}",
+                     decided])
+    return markdown(["#", "the paper's claim", "nearest to holding: effect ± se (paired by seed)", "verdict"], rows)
+
+
 def load_frames(root: str | Path | None = None) -> dict[str, pd.DataFrame]:
     """The rows of every grid the claims read that has a CSV (missing grids are left out)."""
     from tg.config import ConfigError
@@ -205,9 +230,9 @@ def load_frames(root: str | Path | None = None) -> dict[str, pd.DataFrame]:
     return frames
 
 
-def claims_report(root: str | Path | None = None) -> str:
-    """The claims table of the CSVs under `root` (default: this checkout)."""
+def claims_report(root: str | Path | None = None, short: bool = False) -> str:
+    """The claims table of the CSVs under `root` (default: this checkout); `short`: one row per claim."""
     frames = load_frames(root)
     rules = {1: ledger_rule(frames["ledger"]) if "ledger" in frames else ("", "not run"),
              7: theory_rule(frames["theory"]) if "theory" in frames else ("", "not run")}
-    return claims_table(evaluate(frames), rules)
+    return (claims_summary if short else claims_table)(evaluate(frames), rules)

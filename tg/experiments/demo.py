@@ -72,9 +72,49 @@ def _summary(result: EvalResult, metrics: list[dict], seconds: float) -> dict:
             "minutes": seconds / 60}
 
 
-def run_demo(cfg: Config, out_dir: str | Path = "figures") -> dict[str, dict]:
-    """Train both methods for cfg.optim.steps steps and compare them; returns the table rows."""
-    results, histories, summaries = {}, {}, {}
+def _train(name: str, run_cfg: Config, run_dir: Path, threads: int) -> tuple[str, list[dict], EvalResult, float]:
+    """Train one method of the pair from the pinned start and evaluate it (a worker process's job)."""
+    import torch
+    torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    run = build_run(run_cfg, run_dir)
+    history = run.trainer.fit(progress=False)
+    result = evaluate_model(run.trainer.policy.model, run.tokenizer, run.resources, run_cfg, progress=False)
+    return name, history, result, time.perf_counter() - t0
+
+
+def _train_pair(cfg: Config, jobs: list[tuple[str, Config, Path]]) -> dict[str, tuple]:
+    """Both runs at once, one process and one torch thread each, where there are two cores (a run's floats,
+    hence its numbers, are those of a one-thread `tg mini` run); else one after the other. One progress bar
+    counts both runs' steps from their metrics files."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+    import os
+
+    import torch
+    from tqdm.auto import tqdm
+    workers = 2 if (os.cpu_count() or 1) >= 2 else 1
+    out: dict[str, tuple] = {}
+    with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool, \
+            tqdm(total=len(jobs) * cfg.optim.steps, desc="train (both methods)", unit="step") as bar:
+        threads = 1 if workers > 1 else torch.get_num_threads()
+        futures = [pool.submit(_train, name, c, d, threads) for name, c, d in jobs]
+        while not all(f.done() for f in futures):
+            cf.wait(futures, timeout=2)
+            bar.n = sum(len((d / "metrics.jsonl").read_text().splitlines()) if (d / "metrics.jsonl").exists() else 0
+                        for _, _, d in jobs)
+            bar.refresh()
+        for f in futures:
+            name, history, result, seconds = f.result()
+            out[name] = (history, result, seconds)
+    return out
+
+
+def run_demo(cfg: Config, root: str | Path | None = None) -> dict[str, dict]:
+    """Train both methods for cfg.optim.steps steps and compare them; returns the table rows. Runs, rows and the
+    figure go under `root` (default: this checkout): runs/, results/demo.csv, figures/demo_chain_vs_tree.png."""
+    base = Path(root) if root else resolve(".")
+    summaries = {}
     res = load_resources(cfg)
     model, tok = load_policy(res.policy_path)
     start = evaluate_model(model, tok, res, cfg, progress=False)
@@ -83,20 +123,35 @@ def run_demo(cfg: Config, out_dir: str | Path = "figures") -> dict[str, dict]:
     print("\nA batch of sampled chains (G=4, temperature {}) with their rewards:\n".format(cfg.agent.temperature)
           + chain_batch(model, tok, res, cfg))
     summaries["start (warmed up)"] = _summary(start, [], 0.0)
+    rows = [{**result_row(start, cfg, method="start", model=cfg.model.name_or_path, seed=cfg.optim.seed, step=0),
+             **_row_extras(summaries["start (warmed up)"])}]
+    jobs = []
     for name, shape in PAIR.items():
         run_cfg = cfg.replace(tree=shape)
-        t0 = time.perf_counter()
-        run = build_run(run_cfg, resolve("runs") / f"demo-{run_cfg.hash()}")
-        histories[name] = run.trainer.fit()
-        results[name] = evaluate_model(run.trainer.policy.model, run.tokenizer, run.resources, run_cfg)
-        summaries[name] = _summary(results[name], histories[name], time.perf_counter() - t0)
-        row = result_row(results[name], run_cfg, method=method_name(run_cfg), model=cfg.model.name_or_path,
-                         seed=cfg.optim.seed, step=run.trainer.step_done)
-        append_csv_rows(resolve("results") / "demo.csv", [row])
+        run_dir = base / "runs" / f"demo-{run_cfg.hash()}"
+        if run_dir.exists():  # a finished or interrupted earlier demo: train afresh
+            import shutil
+            shutil.rmtree(run_dir)
+        jobs.append((name, run_cfg, run_dir))
+    t0 = time.perf_counter()
+    trained = _train_pair(cfg, jobs)
+    histories = {name: trained[name][0] for name, _, _ in jobs}
+    for name, run_cfg, _ in jobs:
+        history, result, seconds = trained[name]
+        summaries[name] = _summary(result, history, seconds)
+        rows.append({**result_row(result, run_cfg, method=method_name(run_cfg), model=cfg.model.name_or_path,
+                                  seed=cfg.optim.seed, step=run_cfg.optim.steps), **_row_extras(summaries[name])})
+    append_csv_rows(base / "results" / "demo.csv", rows)
     print("\n" + _table(summaries))
-    path = draw_demo(histories, summaries, Path(resolve(out_dir)) / "demo_chain_vs_tree.png", cfg)
+    print(f"\ntraining and evaluating both: {(time.perf_counter() - t0) / 60:.1f} minutes")
+    path = draw_demo(histories, summaries, base / "figures" / "demo_chain_vs_tree.png", cfg)
     print(f"\nfigure: {path}\n" + json.dumps(summaries, indent=1))
     return summaries
+
+
+def _row_extras(summary: dict) -> dict:
+    return {"trajectories_per_q": round(summary["trajectories"], 2), "generated_per_q": round(summary["generated"], 1),
+            "minutes": round(summary["minutes"], 2)}
 
 
 def draw_demo(histories: dict[str, list[dict]], summaries: dict[str, dict], path: Path, cfg: Config) -> Path:

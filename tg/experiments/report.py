@@ -51,12 +51,16 @@ def full_report(root: str | Path | None = None) -> str:
     return "\n\n".join(parts)
 
 
-def blocks(root: str | Path | None = None) -> dict[Path, tuple[str, str]]:
-    """Each generated file under `root` (default: this checkout) -> (its block's name, the block's text)."""
+def blocks(root: str | Path | None = None) -> dict[Path, list[tuple[str, str]]]:
+    """Each generated file under `root` (default: this checkout) -> its blocks (name, text): the README's short
+    claims table and, where `make demo` has written results/demo.csv, its table; results/mini's full report."""
     from tg.agent.world import resolve
+    from tg.experiments.summary import demo_table
     base = Path(root) if root else resolve(".")
-    return {base / "README.md": ("claims", claims_report(root)),
-            base / "results" / "mini" / "README.md": ("report", full_report(root))}
+    readme = [("claims", claims_report(root, short=True))]
+    if (base / "results" / "demo.csv").exists():
+        readme.append(("demo", demo_table(base / "results" / "demo.csv")))
+    return {base / "README.md": readme, base / "results" / "mini" / "README.md": [("report", full_report(root))]}
 
 
 def markers(name: str) -> tuple[str, str]:
@@ -77,8 +81,12 @@ def replace_block(text: str, name: str, block: str) -> str:
 
 def write_readmes(root: str | Path | None = None) -> list[Path]:
     """Regenerate every block in place (atomic writes); returns the files written."""
-    made = blocks(root)
-    texts = {path: replace_block(path.read_text(), name, block) for path, (name, block) in made.items()}
+    texts = {}
+    for path, made in blocks(root).items():
+        text = path.read_text()
+        for name, block in made:
+            text = replace_block(text, name, block)
+        texts[path] = text
     for path, text in texts.items():  # every file's markers are checked before any file is written
         atomic_write_text(path, text)
     return list(texts)

@@ -165,3 +165,25 @@ def cost_table(frames: Mapping[str, pd.DataFrame]) -> str:
         s = own["train_s"].astype(float)
         rows.append([name, str(len(s)), f"{s.sum() / 3600:.1f}", f"{s.median():.0f}", f"{s.min():.0f}-{s.max():.0f}"])
     return markdown(["grid", "runs trained", "step time, hours in all", "per run, median s", "per run, range s"], rows)
+
+
+def last_demo_run(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the newest `make demo` run in results/demo.csv (its last code version, one row per method)."""
+    return df[df["git_sha"] == df["git_sha"].iloc[-1]].drop_duplicates("method", keep="last")
+
+
+def demo_table(path: str | Path) -> str:
+    """The README's demo table from results/demo.csv: start, chain and tree of the newest run (EM in %)."""
+    from tg.agent.data import is_single_hop
+    df = pd.read_csv(path)
+    sets = [c for c in df.columns if c.startswith("synthetic_")]
+    single, multi = [c for c in sets if is_single_hop(c)], [c for c in sets if not is_single_hop(c)]
+    rows = []
+    for _, r in last_demo_run(df).iterrows():
+        trained = r["method"] != "start"
+        rows.append([str(r["method"]), f"{r[single].mean():.1f}", f"{r[multi].mean():.1f}",
+                     f"{r[['calls_' + c for c in multi]].mean():.2f}",
+                     f"{r['trajectories_per_q']:.1f}" if trained else "", f"{r['generated_per_q']:.0f}" if trained else "",
+                     f"{r['minutes']:.1f}" if trained else ""])
+    return markdown(["method", "EM 1-hop", "EM multi", "searches / multi-hop q", "trajectories / q", "tokens / q",
+                     "minutes"], rows)
