@@ -22,9 +22,9 @@ from tg.policy import build_tiny_policy, load_policy
 from tg.protocol import format_observation, prompt_ids
 from tg.reward import is_valid_format
 from tg import warmup
-from tg.warmup import (PINNED, PINNED_DIR, PolicyError, batches, build_warmup, collate, demonstration, lr_factor, machine,
-                       masked_lm_loss, name_groups, pick_demonstrations, rename, renaming_tables, script, sha256_of,
-                       short_prompt_ids, warmed_up_policy, warmup_dir)
+from tg.warmup import (PINNED, PINNED_DIR, PolicyError, batches, build_warmup, collate, demonstration, lr_factor,
+                       machine, masked_lm_loss, name_groups, pick_demonstrations, rename, renaming_tables, script,
+                       sha256_of, short_prompt_ids, warmed_up_policy, warmup_dir)
 from tg.world import MULTI, SINGLE, load_world
 
 
@@ -169,8 +169,8 @@ def test_a_shortened_warm_up_learns_the_protocol(tmp_path) -> None:
     run_cfg = cfg.replace(model=dict(name_or_path=str(path)))
     res = load_resources(run_cfg)
     single, _ = res.test_sets(run_cfg)
-    start_valid, start_em = greedy_scores(*build_tiny_policy(cfg.model, load_world(res.data_dir), seed=cfg.warmup.seed),
-                                          res, run_cfg, single)
+    untrained = build_tiny_policy(cfg.model, load_world(res.data_dir), seed=cfg.warmup.seed)
+    start_valid, start_em = greedy_scores(*untrained, res, run_cfg, single)
     valid, em = greedy_scores(*load_policy(path), res, run_cfg, single)
     assert len(single) == 150 and start_valid == 0.0 and start_em == 0.0
     assert valid >= 0.9, f"format-valid {valid:.3f} after a shortened warm-up (measured 1.0 at seeds 0-2)"
