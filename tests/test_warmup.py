@@ -1,35 +1,42 @@
-"""Warm-up: demonstrations are token-exact episodes, the shared-prefix loss equals the plain one, and the
-cached warm-up lands in the quality band RL needs (single-hop decent, multi-hop low but not zero)."""
+"""Warm-up: demonstrations are token-exact episodes, the shared-prefix loss equals the plain one, a shortened
+warm-up learns the protocol from scratch, and the pinned starting policies are checked by hash."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
+import re
 import shutil
+import time
 from typing import Any
 
 import pytest
 import torch
 
 from tg.agent import warmup
-from tg.agent.data import Question, load_split
-from tg.agent.env import SearchEnv
+from tg.agent.data import Question
 from tg.agent.policy import build_tiny_policy, load_policy
 from tg.agent.protocol import format_observation, prompt_ids
+from tg.agent.warmup import (PINNED, PINNED_DIR, PolicyError, batches, build_warmup, collate, demonstration,
+                             lr_factor, machine, masked_lm_loss, name_groups, pick_demonstrations, rename,
+                             renaming_tables, script, sha256_of, short_prompt_ids, warmed_up_policy, warmup_dir)
+from tg.agent.world import MULTI, SINGLE, load_world
 from tg.config import Config, WarmupConfig, load_config
 from tg.engines.engine import HFEngine
 from tg.evaluate import evaluate
-from tg.agent.warmup import (PINNED, PINNED_DIR, PolicyError, batches, collate, demonstration, lr_factor, machine,
-                       masked_lm_loss, name_groups, pick_demonstrations, rename, renaming_tables, script, sha256_of,
-                       short_prompt_ids, warmed_up_policy, warmup_dir)
-from tg.agent.world import MULTI, SINGLE, ensure_world, load_world
+from tg.pipeline import load_resources
+from tg.reward import is_valid_format
 
 
-def greedy_em(model: Any, tok: Any, retriever: Any, questions: list[Question], max_turns: int = 3) -> dict[str, float]:
-    """Greedy EM per data_source with the kit's evaluator (tg.evaluate), as training will measure it."""
-    env = SearchEnv(tok, retriever, top_k=3, max_obs_tokens=500, max_turns=max_turns)
-    return evaluate(HFEngine(model, tok), env, tok, questions, batch_size=64, max_step_tokens=64).by_source()
+def greedy_scores(model: Any, tok: Any, res: Any, cfg: Config, questions: list[Question]) -> tuple[float, float]:
+    """(format-valid rate, EM) of greedy chains on `questions`, with the kit's evaluator (tg.evaluate).
+
+    A transcript holds each search step's observation after it; `is_valid_format` accepts a step text that
+    carries its observation, so splitting after each `</information>` gives it the step texts."""
+    result = evaluate(HFEngine(model, tok), res.env(tok, cfg), tok, questions, batch_size=cfg.eval.batch_size,
+                      max_step_tokens=cfg.agent.max_step_tokens)
+    valid = [is_valid_format(re.split(r"(?<=</information>)", t)) for t in result.transcripts]
+    return sum(valid) / len(valid), sum(result.scores) / len(result.scores)
 
 
 # ---- fixtures ---------------------------------------------------------------------------------------
@@ -38,12 +45,6 @@ def greedy_em(model: Any, tok: Any, retriever: Any, questions: list[Question], m
 def world_and_retriever(world_dir, retriever):
     """The cpu preset's world and its cached BM25 (conftest's `world_dir` and `retriever`)."""
     return load_world(world_dir), retriever
-
-
-@pytest.fixture(scope="session")
-def warm(cfg: Config):
-    """The default warm-up, trained once and cached on disk (~9-10 min the first time, one thread)."""
-    return load_policy(warmed_up_policy(cfg))
 
 
 # ---- unit tests -------------------------------------------------------------------------------------
@@ -139,6 +140,42 @@ def test_batches_cover_epochs_and_group_lengths() -> None:
     assert sorted(i for b in out[:10] for i in b) == list(range(100))  # first epoch: each row once
     assert sum(max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in out) < 20 * 50
     assert [lr_factor(s, 100) for s in (0, 4, 50, 80, 99)] == [0.2, 1.0, 1.0, 1.0, 0.05]  # trapezoid
+
+
+# ---- a shortened warm-up learns ---------------------------------------------------------------------
+
+SHORT_WARMUP = ("warmup.multi_hop_share=0", "data.top_k=1", "warmup.n_demos=300", "warmup.batch_size=8",
+                "warmup.steps=800", "agent.max_step_tokens=64")
+"""The cpu preset's warm-up, shortened to about a minute of one core (the full one takes 9-13): one-hop
+demonstrations only and one document per search (shorter episodes), 8 demonstrations per step (the
+transition to copying names out of documents comes after a number of steps more than of tokens: 800 steps
+of 8 reach it where 400 of 16 do not), and a 64-token step cap for the evaluation (a demonstration's longest
+step has about 30 tokens; an untrained policy would otherwise babble 500 per step). The model, world, lr,
+renaming, observation loss and curriculum are the preset's."""
+
+
+def test_a_shortened_warm_up_learns_the_protocol(tmp_path) -> None:
+    """Trained through `build_warmup` from a random start and scored greedily on the 150 held-out one-hop test
+    questions. Measured (one core, warm-up seeds 0 / 1 / 2, 56-58 s CPU each): format-valid 0.0 -> 1.0 / 1.0 /
+    1.0; EM 0.0 -> 0.45 / 0.033 / 0.04. Only seed 0 learnt to copy the answer out of the retrieved document
+    within this budget; the other two answer a name of the right kind (about type-aware guessing). So the EM
+    threshold checks that the policy answers with names, not that it reads: the copying crossing is stochastic
+    (tg/warmup.py) and needs more steps than two minutes allow at every seed measured. Thresholds below the
+    weakest seed, so they hold on CPU kinds whose floats differ."""
+    cfg = load_config("cpu", *SHORT_WARMUP)
+    t0 = time.perf_counter()
+    path = build_warmup(cfg, tmp_path / "warmup", progress=False)
+    seconds = time.perf_counter() - t0
+    run_cfg = cfg.replace(model=dict(name_or_path=str(path)))
+    res = load_resources(run_cfg)
+    single, _ = res.test_sets(run_cfg)
+    untrained = build_tiny_policy(cfg.model, load_world(res.data_dir), seed=cfg.warmup.seed)
+    start_valid, start_em = greedy_scores(*untrained, res, run_cfg, single)
+    valid, em = greedy_scores(*load_policy(path), res, run_cfg, single)
+    assert len(single) == 150 and start_valid == 0.0 and start_em == 0.0
+    assert valid >= 0.9, f"format-valid {valid:.3f} after a shortened warm-up (measured 1.0 at seeds 0-2)"
+    assert em >= 0.02, f"held-out one-hop EM {em:.3f} after a shortened warm-up (measured 0.033-0.45 at seeds 0-2)"
+    assert seconds < 120
 
 
 # ---- the pinned starting policies ------------------------------------------------------------------
