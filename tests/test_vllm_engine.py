@@ -350,9 +350,10 @@ def test_bf16_engine_agrees_with_the_bf16_trainer_within_its_tolerance(policy, c
     assert max(diffs) < SYNC_TOL["bfloat16"]
 
 
-def test_evaluation_runs_on_the_rollout_engine(engine, policy, cfg, train_questions, tmp_path, monkeypatch):
+def test_evaluation_runs_on_the_rollout_engine(policy, cfg, train_questions, tmp_path, monkeypatch):
     """agent.engine=vllm: `tg train`'s evaluations run on the trainer's vLLM engine (greedy: the same scores
-    and transcripts as the HF engine's)."""
+    and transcripts as the HF engine's). Its own engine: a closed vLLM engine tears down vLLM's process-wide
+    parallel state, which an engine made before it then lacks."""
     from types import SimpleNamespace
 
     from tg.agent.finetune import trainable_policy
@@ -363,12 +364,17 @@ def test_evaluation_runs_on_the_rollout_engine(engine, policy, cfg, train_questi
     qs = train_questions[:6]
     res = SimpleNamespace(test_sets=lambda _: (qs[:3], qs[3:]), env=lambda *_: env)
     torch.manual_seed(0)
-    tr = Trainer(c, trainable_policy(path, c.model, torch.device("cpu")), tok, env, train_questions, tmp_path, engine)
-    engine.sync(tr.policy.model)
-    opened = []
-    real = engine.open
-    monkeypatch.setattr(engine, "open", lambda *a, **k: opened.append(1) or real(*a, **k))
-    got = evaluate_run(Run(tr, res, tok), c, progress=False)
+    engine = _lora_engine(path, tok)
+    try:
+        tr = Trainer(c, trainable_policy(path, c.model, torch.device("cpu")), tok, env, train_questions, tmp_path,
+                     engine)
+        engine.sync(tr.policy.model)
+        opened = []
+        real = engine.open
+        monkeypatch.setattr(engine, "open", lambda *a, **k: opened.append(1) or real(*a, **k))
+        got = evaluate_run(Run(tr, res, tok), c, progress=False)
+    finally:
+        engine.close()
     assert len(opened) == 2                                  # two batches of 4 and 2 questions, both on vLLM
     hf = evaluate_model(tr.policy.model, tok, res, c, progress=False)
     assert got.scores == hf.scores and got.transcripts == hf.transcripts and len(got.scores) == 6
