@@ -12,7 +12,8 @@ the parameter count, and a perfect split over the ranks (tg.gpu.estimate, assump
 from __future__ import annotations
 
 from tg.config import Config, TABLE1_MODELS, load_config
-from tg.gpu.estimate import GIB, QWEN2_5_1_5B, known_shape, memory_estimate, param_counts, run_seconds, workload
+from tg.gpu.estimate import (GIB, QWEN2_5_1_5B, known_shape, memory_estimate, param_counts, run_seconds,
+                             vllm_kv_tokens, workload)
 
 GPU_GIB = (24, 48, 80)
 GPU_COUNTS = (1, 2, 4, 8)
@@ -32,9 +33,19 @@ def plan_config(tag: str, setup: str) -> Config:
                        recipe=recipe)
 
 
+VLLM_SHARES = (0.5, 0.4, 0.3, 0.2)
+"""agent.vllm_gpu_memory_utilization values tried, the preset's first: a smaller share leaves the trainer room on a
+small GPU as long as vLLM still holds one full-context row (the pre-flight's own fix)."""
+
+
 def fits(cfg: Config, gpus: int, gib: int) -> bool:
+    """Whether the per-rank estimate fits, with vLLM's share of the GPU set as a user would (VLLM_SHARES)."""
     shape = known_shape(cfg.model.name_or_path)
-    return memory_estimate(shape, cfg, gib * GIB, gpus=gpus).total <= gib * GIB
+    if cfg.agent.engine != "vllm":
+        return memory_estimate(shape, cfg, gib * GIB, gpus=gpus).total <= gib * GIB
+    return any(vllm_kv_tokens(shape, gib * GIB, u) >= cfg.agent.max_context_tokens
+               and memory_estimate(shape, cfg.replace(agent=dict(vllm_gpu_memory_utilization=u)), gib * GIB,
+                                   gpus=gpus).total <= gib * GIB for u in VLLM_SHARES)
 
 
 def hours(cfg: Config, gpus: int) -> float:
@@ -70,5 +81,5 @@ def cost_table(gib: int = 80) -> str:
 def report() -> str:
     """Both tables with their headings, as docs/gpu.md holds them."""
     return ("Estimated GPU counts that fit (per-rank memory estimate, upper bound; the paper schedule, "
-            "multi-hop, 1 row per micro-batch):\n\n" + fit_table() + "\n\nEstimated wall time of a paper-schedule "
+            "multi-hop, 1 row per micro-batch; vLLM's share of the GPU lowered to 0.2 where that helps):\n\n" + fit_table() + "\n\nEstimated wall time of a paper-schedule "
             "run on 80 GB GPUs (assumed throughputs, perfect scaling; '-': does not fit):\n\n" + cost_table())
