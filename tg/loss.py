@@ -206,7 +206,8 @@ def grpo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, 
 
     Arguments map to OptimConfig: clip_low, clip_high, dual_clip, agg = loss_agg, kl_beta,
     entropy_coef, ratio. `ratio` = "token" is Eq. 8's per-token ratio (`policy_loss`); "sequence" is
-    GSPO's length-normalised sequence ratio (`gspo_policy_loss`, the paper's GSPO baseline, Table 1). Shapes: logp, old_logp, mask, ref_logp, entropy [B, T]; advantages [B] or [B, T].
+    GSPO's length-normalised sequence ratio (`gspo_policy_loss`, the paper's GSPO baseline, Table 1).
+    Shapes: logp, old_logp, mask, ref_logp, entropy [B, T]; advantages [B] or [B, T] ([B] for "sequence").
     `ref_logp` is needed when kl_beta > 0, `entropy` (from `entropy_from_logits`, with gradient)
     when entropy_coef > 0; when given with a zero coefficient they are only reported in stats.
 
