@@ -8,7 +8,9 @@ advantage of a trajectory is its reward normalised within a group G of trajector
 - chain GRPO (Eq. 5): G = the trajectories of the same prompt;
 - inter-tree (Eq. 6):  G = the leaves of all M trees of the same prompt, M (1 + L N) of them;
 - intra-tree (Eq. 6):  G = the leaves of the trajectory's own tree, 1 + L N of them;
-- Tree-GRPO  (Eq. 7):  A_tree = A_intra + A_inter, a plain sum, not re-normalised.
+- Tree-GRPO  (Eq. 7):  A_tree = A_intra + A_inter, a plain sum, not re-normalised;
+- step groups (GiGPO, without trees): G = the steps of a prompt's chains that act from the same state
+  (`step_group_advantages`), added to the episode advantage with a weight (`combine_step_advantages`).
 
 The advantage is broadcast to every policy token of the trajectory by the loss (`tg.loss`). A
 prefix shared by several leaves appears once per leaf in the batch, so it receives the *sum* of its
@@ -29,7 +31,7 @@ Deviations from the paper / the official code (numbered; the config field that s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Hashable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -169,3 +171,70 @@ def node_advantages(parents: Sequence[int], leaf_advantage: Mapping[int, float] 
             total[node] += float(a)
             node = parents[node]
     return total
+
+
+def observation_prefixes(observations: Sequence[Hashable]) -> list[tuple[Hashable, ...]]:
+    """The state before each step of a chain: step k (0-based) has seen observations[:k].
+
+    A chain of K steps makes K - 1 tool calls, so `observations` holds K - 1 (hashable, e.g. tuples of
+    token ids) and the states are (), (o_1,), ..., (o_1, ..., o_{K-1}): K of them.
+    """
+    return [tuple(observations[:k]) for k in range(len(observations) + 1)]
+
+
+def step_group_advantages(rewards: Tensor, prompt_ids: Sequence[Hashable], states: Sequence[Sequence[Hashable]],
+                          gamma: float = 1.0, eps: float = 1e-6, unbiased: bool = True,
+                          singleton: str = "zero") -> Tensor:
+    """Step-level group-relative advantages from anchor-state groups across chains (GiGPO, arXiv 2505.10978).
+
+    Step k of chain i acts from state s_ik (the prompt and the observations so far). Every step of
+    every chain of the same prompt that acts from the same state joins one step group S(prompt, s):
+
+        R_ik = gamma^(K_i - 1 - k) R(H_i)                  (discounted return; only terminal reward)
+        A_step(i, k) = (R_ik - mean{R_jl : (j, l) in S}) / (std{R_jl : (j, l) in S} + eps)
+
+    and GiGPO's advantage is A(i, k) = A_episode(i) + omega A_step(i, k) (`combine_step_advantages`).
+
+    Deviations from GiGPO (numbered):
+    1. Rewards are terminal (Eq. 13), so the return is the discounted outcome reward; gamma = 1
+       (default) makes it R(H_i) at every step. GiGPO sums discounted per-step rewards.
+    2. The normaliser is `group_relative`'s (eps, n-1 std, singleton) as the episode-level one;
+       GiGPO also offers a mean-only variant, not here. A singleton state gets 0 by default.
+    3. The first state, the prompt alone, is shared by all chains of the prompt: with gamma = 1 its
+       step group is the episode group, so step 0 gets A_episode (1 + omega), as in GiGPO.
+    4. Not wired into the trainer: no config field selects it.
+
+    Args:
+        rewards: [n] float, one outcome reward per chain.
+        prompt_ids: [n] hashable prompt keys; states are grouped only within a prompt.
+        states: per chain, K_i hashable state keys, one per step (e.g. `observation_prefixes`).
+        gamma: discount of the terminal reward per step back from the last.
+        eps, unbiased, singleton: as in `group_relative`.
+    Returns:
+        [n, max K_i] step advantages, same dtype as `rewards`; 0 past a chain's last step.
+    """
+    if not len(rewards) == len(prompt_ids) == len(states) or rewards.dim() != 1:
+        raise ValueError(f"rewards [n], prompt_ids and states must have one entry per chain, got "
+                         f"{tuple(rewards.shape)}, {len(prompt_ids)}, {len(states)}")
+    keys: dict[tuple[Hashable, Hashable], int] = {}
+    where, group, returns = [], [], []                       # one entry per (chain, step)
+    for i, (p, chain) in enumerate(zip(prompt_ids, states)):
+        for k, s in enumerate(chain):
+            where.append((i, k))
+            group.append(keys.setdefault((p, s), len(keys)))
+            returns.append(rewards[i] * gamma ** (len(chain) - 1 - k))
+    out = rewards.new_zeros(len(states), max((len(c) for c in states), default=0))      # [n, K_max]
+    if where:
+        adv = group_relative(torch.stack(returns), torch.tensor(group), eps, unbiased, singleton)
+        rows, cols = zip(*where)
+        out[list(rows), list(cols)] = adv
+    return out
+
+
+def combine_step_advantages(episode: Tensor, step: Tensor, omega: float = 1.0) -> Tensor:
+    """GiGPO's A(i, k) = A_episode(i) + omega A_step(i, k); episode [n], step [n, K] -> [n, K].
+
+    Every policy token of step k of chain i takes A(i, k) (`policy_loss` accepts [B, T] advantages).
+    Positions past a chain's last step hold A_episode(i) and must be masked by the caller.
+    """
+    return episode[:, None] + omega * step

@@ -275,6 +275,9 @@ class OptimConfig:
     """Dual-clip constant c for negative advantages (official code: 3.0; 0 = off)."""
     loss_agg: str = "seq-mean"
     """'seq-mean' = Eq. 8 (tokens of a trajectory, then trajectories); 'token-mean' = the official code."""
+    ratio: str = "token"
+    """Importance ratio: 'token' = Eq. 8 (per token); 'sequence' = GSPO's length-normalised sequence ratio (the
+    paper's GSPO baseline, tg.loss.gspo_policy_loss; GSPO itself clips at clip_low=3e-4, clip_high=4e-4)."""
     kl_beta: float = 0.001
     """K3 KL-in-loss coefficient (paper: 0.001)."""
     entropy_coef: float = 0.0
@@ -315,6 +318,7 @@ class OptimConfig:
                "0 <= clip_low < 1, clip_high >= 0", (self.clip_low, self.clip_high))
         _check(self.dual_clip == 0.0 or self.dual_clip > 1.0, "optim.dual_clip", "0 (off) or > 1", self.dual_clip)
         _check(self.loss_agg in ("seq-mean", "token-mean"), "optim.loss_agg", "'seq-mean', 'token-mean'", self.loss_agg)
+        _check(self.ratio in ("token", "sequence"), "optim.ratio", "'token', 'sequence'", self.ratio)
         _check(self.kl_beta >= 0 and self.entropy_coef >= 0, "optim.kl_beta/entropy_coef", ">= 0",
                (self.kl_beta, self.entropy_coef))
 
@@ -336,7 +340,7 @@ class EvalConfig:
 
 
 ADDED_FIELDS: dict[tuple[str, str], Any] = {("optim", "pack_trees"): False, ("optim", "rollout_shards"): 1,
-                                            ("optim", "parallel"): "auto"}
+                                            ("optim", "parallel"): "auto", ("optim", "ratio"): "token"}
 """(group, field) -> default of the fields added after config hashes keyed committed results (Config.hash)."""
 
 

@@ -3,8 +3,9 @@
     J = E[ (1/G) sum_i (1/|H_i|) sum_t min(r_it A_i, clip(r_it, 1 - eps_low, 1 + eps_high) A_i)
            - beta D_KL(pi_theta || pi_ref) ],        r_it = pi_theta(y_it) / pi_old(y_it)     (Eq. 8)
 
-and the loss minimised is -J. H_i counts only the trajectory's *policy* tokens: `mask` [B, T] is 1
-on tokens the policy sampled and 0 on prompt, observation (`<information>...`) and padding tokens
+and the loss minimised is -J (`gspo_policy_loss` replaces r_it by GSPO's sequence ratio, optim.ratio).
+H_i counts only the trajectory's *policy* tokens: `mask` [B, T] is 1 on tokens the policy sampled
+and 0 on prompt, observation (`<information>...`) and padding tokens
 (docs/paper.md#objective); masked tokens stay in the forward context but get no loss.
 
 Alignment (token in, token out). `token_logprobs(logits, ids)` and `entropy_from_logits(logits)`
@@ -25,6 +26,7 @@ import torch
 from torch import Tensor
 
 AGGREGATIONS = ("seq-mean", "token-mean")
+RATIOS = ("token", "sequence")
 LOG_RATIO_CLAMP = 20.0
 """The official code clamps log-ratios to [-20, 20] before exp (deviation 5 of `grpo_loss`)."""
 KL_CLAMP = 10.0
@@ -136,14 +138,76 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     return masked_aggregate(loss, mask, agg), stats
 
 
+def _per_token_mean(x: Tensor, m: Tensor) -> float:
+    """Mean over policy tokens of a per-row value x [B] (bool or float), each row counted |y_i| times."""
+    return float((x.to(m.dtype)[:, None] * m).sum() / m.sum().clamp(min=1))
+
+
+def gspo_policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, clip_low: float = 0.2,
+                     clip_high: float = 0.2, dual_clip: float = 0.0,
+                     agg: str = "seq-mean") -> tuple[Tensor, dict[str, float]]:
+    """GSPO's sequence-level clipped surrogate (Zheng et al. 2025, arXiv 2507.18071; Table 1's GSPO rows).
+
+        s_i = exp( (1/|y_i|) sum_t (log pi_theta(y_it) - log pi_old(y_it)) )   (length-normalised ratio)
+        loss = -(1/B) sum_i min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)
+
+    |y_i| counts the row's policy tokens (`mask`); prompt, observation and padding tokens enter neither
+    the ratio nor the loss. The gradient on each policy token of row i is -A_i s_i / (B |y_i|) where the
+    unclipped branch is active and 0 where the clipped one is: every token of a sequence gets the same
+    weight, unlike the token ratio of `policy_loss`. For |y_i| = 1 the two losses coincide.
+
+    Clip range: this takes optim.clip_low / clip_high unchanged (default 0.2 / 0.2), so switching the
+    ratio changes one thing. A sequence ratio is a geometric mean of token ratios and stays far closer
+    to 1, so 0.2 rarely clips; the GSPO paper uses eps_low = 3e-4, eps_high = 4e-4 (set them with
+    `--set optim.clip_low=3e-4 optim.clip_high=4e-4` to run its setting).
+
+    Deviations from GSPO (numbered):
+    1. The mean log-ratio is clamped to [-20, 20] before exp, as `policy_loss` (deviation 5 of `grpo_loss`).
+    2. `dual_clip` (off by default; GSPO has none) bounds a negative-advantage sequence's loss by c |A_i|.
+    3. `agg`: "seq-mean" is GSPO's 1/B mean over sequences; "token-mean" weights each sequence's loss
+       by its |y_i| (the per-sequence loss broadcast to its tokens, then the official masked mean).
+    4. The sequence-level variant only; GSPO-token (per-token advantages) is not implemented.
+
+    Args:
+        logp, old_logp, mask: [B, T] as in `policy_loss`.
+        advantages: [B], one per sequence.
+        clip_low, clip_high, dual_clip, agg: as in `policy_loss`, applied to s_i.
+    Returns:
+        (loss scalar, stats) with `policy_loss`'s keys and meanings, each sequence's s_i and clip
+        state counted on each of its policy tokens ("approx_kl" stays the token-level mean).
+    """
+    if advantages.dim() != 1:
+        raise ValueError(f"the sequence ratio needs one advantage per row [B], got {tuple(advantages.shape)}")
+    m = mask.to(logp.dtype)
+    adv = advantages.to(logp.dtype)                                                       # [B]
+    log_ratio = logp - old_logp                                                           # [B, T]
+    seq_log_ratio = (log_ratio * m).sum(-1) / m.sum(-1).clamp(min=1)                      # [B]
+    s = torch.exp(seq_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))                 # [B]
+    loss_unclipped = -adv * s
+    loss_clipped = -adv * s.clamp(1.0 - clip_low, 1.0 + clip_high)
+    loss = torch.maximum(loss_unclipped, loss_clipped)                                    # [B]
+    dual = torch.zeros_like(loss, dtype=torch.bool)
+    if dual_clip > 0.0:
+        dual = (adv < 0) & (loss > -dual_clip * adv)
+        loss = torch.where(dual, -dual_clip * adv, loss)
+    with torch.no_grad():
+        stats = {"clip_frac": _per_token_mean(loss_clipped > loss_unclipped, m),
+                 "dual_clip_frac": _per_token_mean(dual, m), "ratio_mean": _per_token_mean(s, m),
+                 "approx_kl": float((-log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) * m).sum()
+                                    / m.sum().clamp(min=1))}
+    return masked_aggregate(loss[:, None].expand_as(logp), mask, agg), stats
+
+
 def grpo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
               ref_logp: Tensor | None = None, entropy: Tensor | None = None, clip_low: float = 0.2,
               clip_high: float = 0.2, dual_clip: float = 0.0, agg: str = "seq-mean", kl_beta: float = 0.001,
-              entropy_coef: float = 0.0) -> tuple[Tensor, dict[str, float]]:
+              entropy_coef: float = 0.0, ratio: str = "token") -> tuple[Tensor, dict[str, float]]:
     """Policy loss + kl_beta * K3 KL - entropy_coef * entropy, all with one mask and aggregation.
 
     Arguments map to OptimConfig: clip_low, clip_high, dual_clip, agg = loss_agg, kl_beta,
-    entropy_coef. Shapes: logp, old_logp, mask, ref_logp, entropy [B, T]; advantages [B] or [B, T].
+    entropy_coef, ratio. `ratio` = "token" is Eq. 8's per-token ratio (`policy_loss`); "sequence" is
+    GSPO's length-normalised sequence ratio (`gspo_policy_loss`, the paper's GSPO baseline, Table 1).
+    Shapes: logp, old_logp, mask, ref_logp, entropy [B, T]; advantages [B] or [B, T] ([B] for "sequence").
     `ref_logp` is needed when kl_beta > 0, `entropy` (from `entropy_from_logits`, with gradient)
     when entropy_coef > 0; when given with a zero coefficient they are only reported in stats.
 
@@ -159,8 +223,11 @@ def grpo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, 
     Returns:
         (loss scalar, stats): policy_loss's stats plus "pg_loss", "kl", "entropy" (0 when not given).
     """
-    pg, stats = policy_loss(logp, old_logp, advantages, mask, clip_low=clip_low, clip_high=clip_high,
-                            dual_clip=dual_clip, agg=agg)
+    if ratio not in RATIOS:
+        raise ValueError(f"ratio must be one of {RATIOS}, got {ratio!r}")
+    surrogate = policy_loss if ratio == "token" else gspo_policy_loss
+    pg, stats = surrogate(logp, old_logp, advantages, mask, clip_low=clip_low, clip_high=clip_high,
+                          dual_clip=dual_clip, agg=agg)
     total, kl_term, ent_term = pg, pg.new_zeros(()), pg.new_zeros(())
     if kl_beta > 0.0 and ref_logp is None:
         raise ValueError("kl_beta > 0 needs ref_logp")

@@ -267,7 +267,8 @@ class Trainer:
         ent = entropy_from_logits(logits if o.entropy_coef > 0 else logits.detach())
         loss, stats = grpo_loss(logp, logp.detach() if old is None else old, rows.adv[mb.idx].to(logp.device), mask,
                                 ref_logp=ref, entropy=ent, clip_low=o.clip_low, clip_high=o.clip_high,
-                                dual_clip=o.dual_clip, agg=o.loss_agg, kl_beta=o.kl_beta, entropy_coef=o.entropy_coef)
+                                dual_clip=o.dual_clip, agg=o.loss_agg, kl_beta=o.kl_beta, entropy_coef=o.entropy_coef,
+                                ratio=o.ratio)
         if not torch.isfinite(loss):
             raise NonFiniteError(f"step {self.step_done + 1}: loss is {loss.item()} (pg_loss {stats['pg_loss']}, "
                                  f"kl {stats['kl']}); no checkpoint written")

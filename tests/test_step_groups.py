@@ -1,0 +1,60 @@
+"""Step groups without trees (GiGPO's anchor states, tg.advantage.step_group_advantages) on hand-built chains."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tg.advantage import combine_step_advantages, group_relative, observation_prefixes, step_group_advantages
+
+F64 = torch.float64
+
+
+def test_observation_prefixes_are_the_states_before_each_step():
+    assert observation_prefixes(["a", "b"]) == [(), ("a",), ("a", "b")]
+    assert observation_prefixes([]) == [()]
+
+
+def test_two_chains_sharing_their_first_observation_form_a_group_at_step_2():
+    """Chains 0 and 1 both saw observation "x" after step 1; chain 2 saw "y" (a singleton state)."""
+    rewards = torch.tensor([1.0, 0.0, 1.0], dtype=F64)
+    states = [observation_prefixes(o) for o in (["x"], ["x"], ["y"])]
+    step = step_group_advantages(rewards, [0, 0, 0], states)
+    # step 1: state () is shared by all three chains -> the episode group: mean 2/3, n-1 std 1/sqrt(3)
+    hi, lo = (1 / 3) / (1 / math.sqrt(3) + 1e-6), (-2 / 3) / (1 / math.sqrt(3) + 1e-6)   # 0.57735, -1.15470
+    # step 2: {chain 0, chain 1} from ("x",): rewards 1, 0, mean 1/2, std 1/sqrt(2); chain 2 alone -> 0
+    pair = 0.5 / (1 / math.sqrt(2) + 1e-6)                                             # 0.70711
+    expected = torch.tensor([[hi, pair], [lo, -pair], [hi, 0.0]], dtype=F64)
+    torch.testing.assert_close(step, expected, rtol=0, atol=1e-12)
+    episode = group_relative(rewards, torch.zeros(3, dtype=torch.long))
+    torch.testing.assert_close(step[:, 0], episode, rtol=0, atol=0)                    # deviation 3
+
+
+def test_states_group_only_within_a_prompt_and_ragged_chains_pad_with_zero():
+    """State ("x",) is reached in prompt p (chain 0) and in prompt q (chain 1): two singletons, not a pair."""
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0], dtype=F64)
+    states = [[(), ("x",)], [(), ("x",)], [()], [(), ("y",), ("y", "z")]]
+    step = step_group_advantages(rewards, ["p", "q", "p", "q"], states)
+    pair = 0.5 / (1 / math.sqrt(2) + 1e-6)                # state () per prompt: rewards 1, 0 -> +-0.70711
+    expected = torch.tensor([[pair, 0, 0], [-pair, 0, 0], [-pair, 0, 0], [pair, 0, 0]], dtype=F64)
+    torch.testing.assert_close(step, expected, rtol=0, atol=1e-12)
+
+
+def test_a_discounted_return_separates_steps_of_different_distance_to_the_end():
+    """gamma < 1: from state (), chain 0 ends after 1 step (return 1), chain 1 after 2 (return 0.5)."""
+    step = step_group_advantages(torch.tensor([1.0, 1.0], dtype=F64), [0, 0], [[()], [(), ("x",)]], gamma=0.5)
+    d = 0.25 / (math.sqrt(0.125) + 1e-6)                  # mean 0.75, n-1 std sqrt(0.125)
+    torch.testing.assert_close(step, torch.tensor([[d, 0.0], [-d, 0.0]], dtype=F64), rtol=0, atol=1e-12)
+
+
+def test_combine_adds_omega_times_the_step_advantage():
+    episode, step = torch.tensor([1.0, -1.0]), torch.tensor([[0.5, 2.0], [0.0, -4.0]])
+    assert combine_step_advantages(episode, step, omega=0.5).tolist() == [[1.25, 2.0], [-1.0, -3.0]]
+    assert torch.equal(combine_step_advantages(episode, torch.zeros(2, 2)), episode[:, None].expand(2, 2))
+
+
+def test_mismatched_lengths_are_rejected():
+    with pytest.raises(ValueError, match="one entry per chain"):
+        step_group_advantages(torch.ones(2), [0], [[()], [()]])
