@@ -88,3 +88,41 @@ def test_optim_ratio_is_checked_and_hash_neutral_at_its_default():
     assert ADDED_FIELDS["optim", "ratio"] == "token"          # so Config.hash leaves it out at "token"
     with pytest.raises(ConfigError, match="optim.ratio"):
         load_config("cpu", "optim.ratio=seq")
+
+
+def test_only_the_log_ratio_counts_and_extreme_ratios_are_clamped():
+    """Shifting new and old log-probs together changes nothing; a mean log-ratio of +-30 is clamped to +-20
+    before exp (deviation 1), in the loss and in approx_kl's token log-ratios."""
+    logp, old, adv, mask = hand_batch()
+    shifted = gspo_policy_loss(logp.detach() - 0.7, old - 0.7, adv, mask)[0].item()
+    assert shifted == pytest.approx(SEQ_MEAN, abs=1e-12)
+    big = torch.full((2, 2), 30.0, dtype=F64)
+    ones, zeros = torch.ones(2, 2, dtype=F64), torch.zeros(2, 2, dtype=F64)
+    loss, stats = gspo_policy_loss(big * torch.tensor([[1.0], [-1.0]], dtype=F64), zeros,
+                                   torch.tensor([-1.0, 1.0], dtype=F64), ones, clip_low=0.2, clip_high=0.2)
+    # row 0: s = e^20, A = -1: max(e^20, 1.2) = e^20; row 1: s = e^-20, A = 1: max(-e^-20, -0.8) = -e^-20
+    assert loss.item() == pytest.approx((math.exp(20) - math.exp(-20)) / 2, rel=1e-12)
+    assert stats["ratio_mean"] == pytest.approx((math.exp(20) + math.exp(-20)) / 2, rel=1e-12)
+    assert stats["approx_kl"] == 0.0                        # token log-ratios +-30 clamped to +-20, summing to 0
+    low = gspo_policy_loss(big[:1] * -1, zeros[:1], torch.tensor([1.0], dtype=F64), ones[:1])[1]["ratio_mean"]
+    assert low == pytest.approx(math.exp(-20), rel=1e-12)   # not e^-30
+
+
+def test_dual_clip_bounds_a_negative_advantage_sequence_and_counts_it():
+    """dual_clip c = 3: row 0 (A = -2, s = e^2) has loss 2 e^2 > 3 |A|, bounded to 6; row 1 (A = +1) is untouched."""
+    logp = torch.tensor([[2.0, 2.0], [0.1, 0.1]], dtype=F64)
+    ones = torch.ones(2, 2, dtype=F64)
+    loss, stats = gspo_policy_loss(logp, torch.zeros(2, 2, dtype=F64), torch.tensor([-2.0, 1.0], dtype=F64), ones,
+                                   dual_clip=3.0)
+    assert loss.item() == pytest.approx((6.0 - math.exp(0.1)) / 2, abs=1e-12)
+    assert stats["dual_clip_frac"] == pytest.approx(0.5)
+    assert gspo_policy_loss(logp, torch.zeros(2, 2, dtype=F64), torch.tensor([-2.0, 1.0], dtype=F64),
+                            ones)[1]["dual_clip_frac"] == 0.0
+
+
+def test_stats_over_a_single_policy_token_are_that_tokens_values():
+    logp = torch.tensor([[0.0, 0.5]], dtype=F64)
+    stats = gspo_policy_loss(logp, torch.zeros(1, 2, dtype=F64), torch.tensor([1.0], dtype=F64),
+                             torch.tensor([[0.0, 1.0]], dtype=F64))[1]
+    assert stats["ratio_mean"] == pytest.approx(math.exp(0.5)) and stats["clip_frac"] == 1.0
+    assert stats["approx_kl"] == pytest.approx(-0.5)

@@ -58,3 +58,24 @@ def test_combine_adds_omega_times_the_step_advantage():
 def test_mismatched_lengths_are_rejected():
     with pytest.raises(ValueError, match="one entry per chain"):
         step_group_advantages(torch.ones(2), [0], [[()], [()]])
+
+
+def test_discount_grows_with_the_distance_to_the_end_and_options_reach_the_normaliser():
+    """gamma = 0.5 on 3-step chains: step k's return is 0.5^(2 - k) R, so step 1 groups returns 0.5 R;
+    `unbiased` and `singleton` are passed to `group_relative`; no chains give an empty [0, 0] result."""
+    rewards = torch.tensor([1.0, 0.0], dtype=F64)
+    states = [[(), ("x",), ("x", "u")], [(), ("x",), ("x", "v")]]
+    step = step_group_advantages(rewards, [0, 0], states, gamma=0.5)
+    d1 = 0.25 / (math.sqrt(0.125) + 1e-6)                 # step 1: returns 0.5, 0 -> mean 0.25, n-1 std sqrt(0.125)
+    torch.testing.assert_close(step[:, 1], torch.tensor([d1, -d1], dtype=F64), rtol=0, atol=1e-12)
+    assert step[:, 2].tolist() == [0.0, 0.0]              # different last states: singletons
+    biased = step_group_advantages(rewards, [0, 0], states, unbiased=False)
+    assert biased[0, 0].item() == pytest.approx(0.5 / (0.5 + 1e-6))     # population std 0.5
+    raw = step_group_advantages(rewards, [0, 0], states, singleton="raw")
+    assert raw[0, 2].item() == pytest.approx(1 / (1 + 1e-6))             # a singleton's raw R / (1 + eps)
+    assert step_group_advantages(torch.zeros(0), [], []).shape == (0, 0)
+
+
+def test_combine_defaults_to_omega_one():
+    episode, step = torch.tensor([1.0]), torch.tensor([[0.5]])
+    assert combine_step_advantages(episode, step).tolist() == [[1.5]]
