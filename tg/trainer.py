@@ -277,10 +277,10 @@ class Trainer:
         return stats
 
     def _micro_batches(self, rows: Rows) -> list[list[Micro]]:
-        """Micro-batches per PPO mini-batch (consecutive questions of each rollout shard, tg.gpu.distributed). Inside a
-        mini-batch the trees go longest first (by their longest row), a tree's rows together, so a micro-batch
-        holds rows of like width and little padding; the loss weights make the order immaterial up to float
-        summation order."""
+        """Micro-batches per PPO mini-batch (consecutive questions of each rollout shard, tg.gpu.distributed).
+        Inside a mini-batch the trees go longest first (by their longest row), a tree's rows together, so a
+        micro-batch holds rows of like width and little padding; the loss weights make the order immaterial
+        up to float summation order."""
         o = self.cfg.optim
         per, mini_per = o.prompts_per_step // self.par.shards, o.mini_batch_prompts // self.par.shards
         mini = torch.tensor([minibatch_of(q, per, mini_per) for q in rows.question])
@@ -315,8 +315,9 @@ class Trainer:
                 with self.par.accumulate(self.train_model, last=i == len(mini) - 1):
                     part = self._micro_loss(rows, mb, next(old) if old else None, next(ref) if ref else None,
                                             self.par.grad_weight(size, total))
-                for k, v in part.items():  # this rank's mini-batch aggregate: micro-batch values weighted like the loss
-                    stats[k] = stats.get(k, 0.0) + size / local * float(v)
+                share = size / local if local > 0 else 0.0   # this rank's part of the mini-batch, as in the loss
+                for k, v in part.items():
+                    stats[k] = stats.get(k, 0.0) + share * float(v)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), o.grad_clip)
             if not torch.isfinite(grad_norm):
                 self.optimizer.zero_grad(set_to_none=True)
