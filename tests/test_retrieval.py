@@ -11,7 +11,7 @@ import pytest
 from tg.agent.data import DataError
 from tg.agent.protocol import format_observation
 from tg.agent.retrieval import BM25Retriever, CachedRetriever, bm25_for, doc_title, read_corpus
-from tg.agent.world import World, build_world
+from tg.agent.world import build_world
 from tg.config import DataConfig
 
 

@@ -10,7 +10,7 @@ the agent's step loop until its episode ends, batching every row of every start 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Sequence
 
 from tg.agent.env import SearchEnv
 from tg.agent.protocol import Step

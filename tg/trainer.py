@@ -234,7 +234,7 @@ class Trainer:
         trees = [rows.tree[int(r)] for r in idx]
         if not self.cfg.optim.pack_trees or len(set(trees)) == len(trees):  # no two rows share a tree: nothing to pack
             return Micro(idx, ids, attn)
-        order = sorted(range(len(idx)), key=lambda i: rows.tree[int(idx[i])])  # stable: rows of a tree in order
+        order = sorted(range(len(idx)), key=lambda i: trees[i])  # stable: rows of a tree in order
         groups: dict[int, list[list[int]]] = {}
         for i in order:
             r = int(idx[i])
