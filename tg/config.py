@@ -278,6 +278,9 @@ class OptimConfig:
     ratio: str = "token"
     """Importance ratio: 'token' = Eq. 8 (per token); 'sequence' = GSPO's length-normalised sequence ratio (the
     paper's GSPO baseline, tg.loss.gspo_policy_loss; GSPO itself clips at clip_low=3e-4, clip_high=4e-4)."""
+    step_groups: float = 0.0
+    """Chains only: weight omega of GiGPO's step-group advantage added to the episode one
+    (tg.advantage.step_group_advantages; 0 = off, plain chain GRPO)."""
     kl_beta: float = 0.001
     """K3 KL-in-loss coefficient (paper: 0.001)."""
     entropy_coef: float = 0.0
@@ -298,6 +301,7 @@ class OptimConfig:
                (self.eval_every, self.checkpoint_every))
         for n in ("steps", "prompts_per_step", "mini_batch_prompts", "micro_batch_rows"):
             _check(getattr(self, n) >= 1, f"optim.{n}", ">= 1", getattr(self, n))
+        _check(self.step_groups >= 0, "optim.step_groups", ">= 0", self.step_groups)
         _check(self.prompts_per_step % self.mini_batch_prompts == 0, "optim.mini_batch_prompts",
                "a divisor of optim.prompts_per_step", self.mini_batch_prompts)
         _check(self.rollout_shards >= 1 and self.mini_batch_prompts % self.rollout_shards == 0, "optim.rollout_shards",
@@ -340,7 +344,8 @@ class EvalConfig:
 
 
 ADDED_FIELDS: dict[tuple[str, str], Any] = {("optim", "pack_trees"): False, ("optim", "rollout_shards"): 1,
-                                            ("optim", "parallel"): "auto", ("optim", "ratio"): "token"}
+                                            ("optim", "parallel"): "auto", ("optim", "ratio"): "token",
+                                            ("optim", "step_groups"): 0.0}
 """(group, field) -> default of the fields added after config hashes keyed committed results (Config.hash)."""
 
 
@@ -369,6 +374,11 @@ class Config:
             _check(isinstance(group, kind), name, f"a {kind.__name__}", group)
             check_types(f"{name}.", group)
             group.validate()
+        _check(self.optim.step_groups == 0 or self.tree.is_chain, "optim.step_groups",
+               "0 with trees (step groups are for chains: set tree.N=0 tree.L=0, or optim.step_groups=0)",
+               self.optim.step_groups)
+        _check(self.optim.step_groups == 0 or self.optim.ratio == "token", "optim.step_groups",
+               "0 with optim.ratio=sequence (a sequence ratio takes one advantage per trajectory)", self.optim.step_groups)
 
     # ---- variants, hashing, printing, saving -------------------------------------------------
     def replace(self, **groups: Any) -> "Config":

@@ -5,7 +5,8 @@
 One step:
 1. take the next `prompts_per_step` training questions (a seeded permutation per epoch);
 2. roll out M trees per question (chains: M = G, N = L = 0) with the engine and the search env;
-3. score every leaf (Eq. 13), compute advantages (Eq. 5-7; chains: plain GRPO by prompt);
+3. score every leaf (Eq. 13), compute advantages (Eq. 5-7; chains: plain GRPO by prompt, plus GiGPO's
+   step-group advantage per step with `optim.step_groups`, tg.advantage.step_group_advantages);
 4. one training row per leaf: its exact sampled ids and observation mask (shared prefixes repeat;
    with `optim.pack_trees` each tree's rows run as one sequence along their shared prefixes, tg.packing);
 5. old log-probs once, reference log-probs once (adapter disabled), then PPO mini-batches of
@@ -37,7 +38,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from tg.advantage import tree_grpo_parts
+from tg.advantage import combine_step_advantages, observation_prefixes, step_group_advantages, tree_grpo_parts
 from tg.agent.data import Question
 from tg.agent.env import SearchEnv
 from tg.agent.finetune import TrainablePolicy
@@ -99,7 +100,7 @@ class NonFiniteError(RuntimeError):
 
 @dataclass
 class Rows:
-    """Training rows, right-padded: ids, attention and policy masks [R, T]; advantages [R]."""
+    """Training rows, right-padded: ids, attention and policy masks [R, T]; advantages [R], or [R, T] per token."""
 
     ids: torch.Tensor
     attn: torch.Tensor
@@ -111,18 +112,34 @@ class Rows:
 
 
 def build_rows(trees: Sequence[Tree], adv: torch.Tensor, pad_id: int) -> Rows:
-    """One row per leaf, in the order of `leaf_rewards`: the exact sampled ids and observation mask."""
+    """One row per leaf, in the order of `leaf_rewards`: the exact sampled ids and observation mask.
+
+    `adv` is [R] (one advantage per trajectory) or [R, K] (one per step, step groups): then every token
+    of step k of row r takes adv[r, k] (its observation tokens too, which the mask leaves out)."""
     trajs = [t.trajectory(leaf) for t in trees for leaf in t.leaves()]
     width = max(len(x.ids) for x in trajs)
     ids = torch.full((len(trajs), width), pad_id, dtype=torch.long)
     attn = torch.zeros_like(ids)
     mask = torch.zeros_like(ids)
+    per_token = torch.zeros(ids.shape, dtype=adv.dtype) if adv.dim() == 2 else None
     for i, x in enumerate(trajs):
         ids[i, :len(x.ids)] = torch.tensor(x.ids)
         attn[i, :len(x.ids)] = 1
         mask[i, :len(x.ids)] = torch.tensor(x.mask)
-    return Rows(ids, attn, mask, adv.float(), [t.question for t in trees for _ in t.leaves()],
-                [k for k, t in enumerate(trees) for _ in t.leaves()])
+        if per_token is not None:
+            start = len(x.prompt_ids)
+            for k, step in enumerate(x.steps):
+                per_token[i, start:start + len(step.ids)] = adv[i, k]
+                start += len(step.ids)
+    return Rows(ids, attn, mask, (adv if per_token is None else per_token).float(),
+                [t.question for t in trees for _ in t.leaves()], [k for k, t in enumerate(trees) for _ in t.leaves()])
+
+
+def chain_states(tree: Tree) -> list[tuple]:
+    """The state each step of a chain acts from: the observations so far, as exact ids (GiGPO's anchor state;
+    the prompt is the step group's key beside it). A chain of K steps has K states."""
+    (leaf,) = tree.leaves()
+    return observation_prefixes([tuple(s.obs_ids) for s in tree.path(leaf)[:-1]])
 
 
 def leaf_rewards(trees: Sequence[Tree], golds: Sequence[Sequence[str]], mode: str, penalty: float) -> dict[str, list]:
@@ -265,7 +282,9 @@ class Trainer:
         logp, logits = self._forward_logprobs(self.train_model, mb)
         mask = rows.mask[mb.idx, :logp.shape[1]].to(logp.device).float()
         ent = entropy_from_logits(logits if o.entropy_coef > 0 else logits.detach())
-        loss, stats = grpo_loss(logp, logp.detach() if old is None else old, rows.adv[mb.idx].to(logp.device), mask,
+        adv = rows.adv[mb.idx].to(logp.device)
+        adv = adv[:, :logp.shape[1]] if adv.dim() == 2 else adv
+        loss, stats = grpo_loss(logp, logp.detach() if old is None else old, adv, mask,
                                 ref_logp=ref, entropy=ent, clip_low=o.clip_low, clip_high=o.clip_high,
                                 dual_clip=o.dual_clip, agg=o.loss_agg, kl_beta=o.kl_beta, entropy_coef=o.entropy_coef,
                                 ratio=o.ratio)
@@ -350,7 +369,13 @@ class Trainer:
         adv = tree_grpo_parts(torch.tensor(sc["reward"], dtype=torch.float64), torch.tensor(sc["tree"]),
                               torch.tensor(sc["prompt"]), mode=mode, eps=o.adv_eps, unbiased=o.adv_unbiased_std,
                               singleton=o.adv_singleton)
-        stats = self.update(build_rows(flat, adv.total, self.pad_id))
+        row_adv = adv.total
+        if o.step_groups:  # chains only (Config checks): GiGPO's step groups added to the episode advantage
+            steps = step_group_advantages(torch.tensor(sc["reward"], dtype=torch.float64), sc["prompt"],
+                                          [chain_states(t) for t in flat], eps=o.adv_eps, unbiased=o.adv_unbiased_std,
+                                          singleton=o.adv_singleton)
+            row_adv = combine_step_advantages(adv.total, steps, o.step_groups)
+        stats = self.update(build_rows(flat, row_adv, self.pad_id))
         self.step_done += 1
         stats.update(rollout_s=t1 - t0, update_s=time.perf_counter() - t1 - stats["logprob_s"])
         if self.par.world > 1:
