@@ -90,6 +90,10 @@ def with_ours(tmp_path_factory) -> Path:
     abl = pd.DataFrame(_rows(abl, 2, lambda cell, s: 12.0 + s))
     abl["collapsed"] = (abl["advantage"] == "intra") & (abl["seed"] == 0)
     abl.to_csv(mini / "ablation.csv", index=False)
+    branching = [dict(cell=f"multi-hop/{r}/{m}", regime=r, method=m, generated_per_q=100.0 + 10 * k, calls_multi=2.0)
+                 for r in ("hard", "moderate") for k, m in enumerate(("chain", "chain+steps", "tree", "tree-entropy"))]
+    pd.DataFrame(_rows(branching, 3, lambda cell, s: 10.0 + cell["generated_per_q"] / 10 + s)  # EM = 20..23 + seed
+                 ).to_csv(mini / "branching.csv", index=False)
     demo = [dict(model="tiny", method=m, step=40, synthetic_single=50.0 + s, synthetic_multi=10.0 + 2 * s,
                  calls_synthetic_single=1.0, calls_synthetic_multi=2.0, preset="cpu", config_hash="h", git_sha="s",
                  seed=s, date="2025-12-01", n=100)
@@ -262,6 +266,16 @@ def test_ours_mini_budget_curves_start_at_the_starting_policy(with_ours):
     assert hard_tree[hard_tree["step"] == 60]["em_multi"].mean() == pytest.approx(14.0)  # 10 + N + mean seed + 1
     fig = script("fig_mini_budget").draw(with_ours)
     assert "36.8" in texts(fig)  # the paper's budget-4 tree, as text beside ours
+
+
+def test_ours_branching_pairs_the_four_cells_by_seed_at_the_last_step(with_ours):
+    df = script("fig_mini_branching").load(with_ours)
+    assert sorted(df["step"].unique()) == [60] and len(df) == 2 * 4 * 3      # the stale step-0 rows are gone
+    means = df[df["regime"] == "hard"].groupby("method")["em_multi"].mean()
+    assert means.to_dict() == {"chain": 21.0, "chain+steps": 22.0, "tree": 23.0, "tree-entropy": 24.0}
+    fig = script("fig_mini_branching").draw(with_ours)
+    drawn = texts(fig)
+    assert "hard start" in drawn and "moderate start" in drawn and "24.0" in drawn
 
 
 def test_ours_table3_uses_each_hops_own_setting(with_ours):

@@ -89,6 +89,14 @@ FAMILY: list[Comparison] = [
 ]
 """Every comparison of the claims table, each once: Holm's correction runs over all of them together."""
 
+BRANCHING: list[Comparison] = [
+    *_both((), "branching", "chain+steps", "chain"),    # GiGPO: step groups give chains step-level signal
+    *_both((), "branching", "tree", "chain"),            # Tree-GRPO (random nodes), the budget grid's pair
+    *_both((), "branching", "tree-entropy", "tree"),     # ARPO / AEPO / TreeRL: branch where the policy is unsure
+]
+"""Beyond the paper's claims: where to branch, at equal budget (results/mini/README.md, protocol). Its own
+family: Holm's correction runs over these six, apart from the claims table's."""
+
 
 @dataclass(frozen=True)
 class Result:
@@ -222,12 +230,23 @@ def load_frames(root: str | Path | None = None) -> dict[str, pd.DataFrame]:
     from tg.config import ConfigError
     from tg.experiments.summary import load_rows
     frames = {}
-    for name in ("budget", "ledger", "theory", "sweep", "ablation", "shapes"):
+    for name in ("budget", "ledger", "theory", "sweep", "ablation", "shapes", "branching"):
         try:
             frames[name] = load_rows(name, root)
         except ConfigError:
             pass
     return frames
+
+
+def branching_table(frames: Mapping[str, pd.DataFrame]) -> str:
+    """The branching experiment's verdicts: a row per comparison of `BRANCHING`, Holm over those six."""
+    from tg.experiments.summary import markdown
+    results = evaluate(frames, BRANCHING)
+    return (markdown(["", "comparison (the side its method expects)", "start", "effect ± se", "95% CI", "seeds", "p",
+                      "Holm p", "verdict"], [_comparison_row(r) for r in results])
+            + f"\n\nEffect: cell minus reference at step {FINAL_STEP}, paired by seed, mean ± standard error; p: "
+              f"two-sided paired t-test; Holm p: adjusted over these {len(results)} comparisons; verdicts at "
+              f"family-wise α = {ALPHA}.")
 
 
 def claims_report(root: str | Path | None = None, short: bool = False) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tg.config import ConfigError
-from tg.experiments.claims import claims_report, load_frames
+from tg.experiments.claims import branching_table, claims_report, load_frames
 from tg.experiments.summary import cost_table, report
 from tg.store.files import atomic_write_text
 
@@ -32,18 +32,22 @@ GRIDS: dict[str, str] = {
     "theory": "Claim 7: Proposition 3.1 on random toy trees with log-linear policies in float64 (`theory.csv`, "
               "`figures/fig_mini_theory.png`): autograd's gradients of intra-tree GRPO and step-level DPO against "
               "the closed forms.",
+    "branching": "Beyond the paper: chain 4, chain 4 with step groups, tree (2,2,1) with random nodes and with "
+                 "entropy-guided nodes, at equal budget (`branching.csv`, `figures/fig_mini_branching.png`); each "
+                 "cell paired by seed with the one it adds to (its verdicts are the table above this list).",
 }
 """The grids of the full report, in the claims' order, with what each table shows (no numbers: those are data)."""
 
 
 def full_report(root: str | Path | None = None) -> str:
     """The claims table, then every grid's table, then the training cost (results/mini/README.md's report)."""
-    parts = ["### The claims table", claims_report(root)]
+    parts = ["### The claims table", claims_report(root),
+             "### Beyond the paper: where to branch", branching_table(load_frames(root))]
     for name, caption in GRIDS.items():
         try:
             table = report(name, root)
-        except ConfigError as err:  # a grid not run yet: say so, report the others
-            table = f"not run yet: {err}"
+        except ConfigError:  # a grid not run yet: say so (no path: the text is the same in every checkout)
+            table = f"not run yet: `tg mini run {name}` writes results/mini/{name}.csv"
         parts += [f"### {name}", caption, table]
     parts += ["### Training cost", "Step time of the runs each grid trained itself (copied cells count where they "
               "ran), as logged by the runs on a shared 2-core host, two workers at a time; it includes the time a run "

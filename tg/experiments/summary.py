@@ -91,9 +91,11 @@ def cell_summary(df: pd.DataFrame, reference: str | Mapping[str, str] | None = N
 
 
 REFERENCES: dict[str, str | dict[str, str]] = {
-    "shapes": "(4,0,0)", "ablation": "chain", "sweep": {f"tree ({g // 2},2,1)": f"chain-{g}" for g in (2, 4, 8, 16)}}
+    "shapes": "(4,0,0)", "ablation": "chain", "sweep": {f"tree ({g // 2},2,1)": f"chain-{g}" for g in (2, 4, 8, 16)},
+    "branching": {"chain+steps": "chain", "tree": "chain", "tree-entropy": "tree"}}
 """The cell each grid's report pairs the others with, in each cell's own start: the chain of budget 4, or
-(sweep) each tree's chain of its budget (tg.experiments.mini declares the grids)."""
+(sweep) each tree's chain of its budget, (branching) the cell each method adds to (tg.experiments.mini declares
+the grids)."""
 QUARTER_BUDGET = {"tree (2,2,1)": "chain-16"}
 """Claim 3's "quarter budget": the tree at budget 4 against the chain at 16 (sweep)."""
 
