@@ -438,15 +438,18 @@ def probe_logprobs(model: torch.nn.Module, ids: Sequence[int]) -> list[float]:
 
 
 def full_logprob_stats(flat: Any, ids: Sequence[int]) -> tuple[list[float], list[float]]:
-    """Log-prob of each sampled id and entropy (nats) of its distribution, from the full raw log-prob vectors
-    vLLM returned for a request's sampled positions (`FlatLogprobs`: position k holds the V entries
-    start_indices[k]:end_indices[k]); H = -sum_v p_v log p_v in float64, p_v = 0 terms dropped."""
+    """Log-prob of each sampled id and entropy (nats) of its distribution, from what vLLM returns for a request
+    with logprobs=-1: `FlatLogprobs` whose position k holds entries start_indices[k]:end_indices[k], the sampled
+    token first, then the raw log-prob of every one of the V vocabulary entries (V + 1 in all).
+    H = -sum_v p_v log p_v in float64 over those V, p_v = 0 terms dropped."""
     logprobs, entropies = [], []
     for k, t in enumerate(ids):
         lo, hi = flat.start_indices[k], flat.end_indices[k]
-        logp = np.asarray(flat.logprobs[lo:hi], dtype=np.float64)  # [V]
-        logprobs.append(float(logp[flat.token_ids[lo:hi].index(t)]))
+        if flat.token_ids[lo] != t:
+            raise VLLMSetupError(f"vLLM's log-probs of position {k} do not start with the sampled token {t}")
+        logp = np.asarray(flat.logprobs[lo + 1:hi], dtype=np.float64)  # [V]
         p = np.exp(logp)
+        logprobs.append(float(flat.logprobs[lo]))
         entropies.append(float(-(p[p > 0] * logp[p > 0]).sum()))
     return logprobs, entropies
 
