@@ -214,6 +214,7 @@ def test_sampled_ids_logprobs_and_stops(engine, policy):
         # raw log-probs: temperature 1, no top-p, whatever the sampling settings
         full = probe_logprobs(model, prompts[1] + o.ids)[len(prompts[1]) - 1:]
         assert o.logprobs == pytest.approx(full, abs=1e-4)
+        assert o.entropies == []   # reported only by VLLMEngine(entropies=True): test_entropies_are_exact
     if engine.per_request_seeds:  # GPU: a row's sample does not depend on the other rows of the call
         again = engine.open([prompts[1]], [16], sampling).generate([5, 3], [30, 30])
         assert [a.ids for a in again] == [outs[5].ids, outs[3].ids]
@@ -380,14 +381,14 @@ def test_evaluation_runs_on_the_rollout_engine(policy, cfg, train_questions, tmp
     assert got.scores == hf.scores and got.transcripts == hf.transcripts and len(got.scores) == 6
 
 
-def test_entropies_are_exact_and_off_by_default(engine, policy):
+def test_entropies_are_exact(policy):
     """`VLLMEngine(entropies=True)`: one entropy per sampled id, that of the unmodified distribution (temperature
     1, no top-p; sampling here at 0.7 / 0.9) over the whole vocabulary, equal to a transformers forward's, on
     every step of trees grown with the 'entropy' rule (later turns and branches read vLLM's prefix cache); the
-    log-probs still those of `test_sampled_trees_exact_ids_and_logprobs`. Without it, none are reported.
-    Its own engine, made and closed last (a closed engine tears down vLLM's process-wide state)."""
+    log-probs still those of `test_sampled_trees_exact_ids_and_logprobs` (without it, none are reported:
+    `test_sampled_ids_logprobs_and_stops`). Its own engine, made and closed last (a closed engine tears down
+    vLLM's process-wide state, which the module's engine then lacks)."""
     model, tok, env, prompts, path = policy
-    assert all(o.entropies == [] for o in engine.open([prompts[0]], [2], GREEDY).generate([0, 1], [8, 8]))
     eng = VLLMEngine(path, tok, kv_cache_space_gib=0.25, max_model_len=1024, entropies=True)
     try:
         trees, _ = sample_trees(eng, env, prompts[:3], M=2, N=2, L=1, node_rule="entropy", rng=random.Random(0),

@@ -81,6 +81,11 @@ class Tree:
     def trajectory(self, leaf: int) -> Trajectory:
         return Trajectory(self.prompt_ids, self.path(leaf), reward=self.rewards.get(leaf, 0.0))
 
+    def branch_points(self) -> list[int]:
+        """The node each expansion started from, one entry per branch (a node picked k times k times), in node
+        order: every child after a node's first hangs off an expansion. A grown tree has L N of them."""
+        return [n.id for n in self.nodes for _ in n.children[1:]]
+
     def parents(self) -> list[int]:
         """The parent array (root -1), as `tg.advantage.node_advantages` takes it."""
         return [n.parent for n in self.nodes]
