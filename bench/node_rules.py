@@ -66,15 +66,16 @@ def main() -> None:
                                "start depth": statistics.mean(starts), "gen tok/q": total.generated / n_q,
                                "obs tok/q": total.observation / n_q, "calls/q": total.tool_calls / n_q,
                                "chains/q": statistics.mean(measured_equivalent(x, chains) for x in per_q),
-                               "max |dH|": entropy_gap(model, trees)})
+                               "max dH": entropy_gap(model, trees)})
     keys = list(rows["paper"][0])
     lines = [f"Shape (M, N, L) = ({M}, {N}, {L}), {n_q} multi-hop training questions, warmed-up tiny policy, "
-             f"temperature 1, top-p 0.95, seeds 0-{args.seeds - 1}: means over the seeds (max for max |dH|); "
-             f"chains/q against chains G={matched_chain_group(M, N, L)} of the same seeds.", "",
+             f"temperature 1, top-p 0.95, seeds 0-{args.seeds - 1}: means over the seeds; chains/q against chains "
+             f"G={matched_chain_group(M, N, L)} of the same seeds; max dH: the largest |entropy the engine reported - "
+             "a full forward's| in nats, over every policy token of every seed.", "",
              "| rule | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     for rule, rs in rows.items():
-        vals = [max(r[k] for r in rs) if k == "max |dH|" else statistics.mean(r[k] for r in rs) for k in keys]
-        lines.append(f"| {rule} | " + " | ".join(f"{v:.2g}" if k == "max |dH|" else f"{v:.2f}"
+        vals = [max(r[k] for r in rs) if k == "max dH" else statistics.mean(r[k] for r in rs) for k in keys]
+        lines.append(f"| {rule} | " + " | ".join(f"{v:.2g}" if k == "max dH" else f"{v:.2f}"
                                                    for k, v in zip(keys, vals)) + " |")
     table = provenance(args.threads, load_before, False, res.policy_path) + "\n\n" + "\n".join(lines)
     print(table)

@@ -184,10 +184,10 @@ def sample_trees(engine: Engine, env: SearchEnv, prompts: Sequence[list[int]], *
     """Initialize-then-expand for a batch of prompts; returns M trees per prompt and engine accounting.
 
     `node_rule` names the node-selection strategy (`NODE_RULES`); `rng` is consumed only by it, so the
-    seed chains do not depend on the rule. Every round batches all trees of all prompts into one `run_episodes` call. A node picked k times
-    is one start with count k, so its context is prefilled once (prefix reuse) and k branches decode;
-    and a branch starts from the kept cache of the chain it branches from (`PrefixStore`), so only
-    its last context token is prefilled.
+    seed chains do not depend on the rule. Every round batches all trees of all prompts into one
+    `run_episodes` call. A node picked k times is one start with count k, so its context is prefilled
+    once (prefix reuse) and k branches decode; and a branch starts from the kept cache of the chain it
+    branches from (`PrefixStore`), so only its last context token is prefilled.
     """
     t0 = time.perf_counter()
     trees = [[Tree(q, list(p)) for _ in range(M)] for q, p in enumerate(prompts)]
