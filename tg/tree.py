@@ -91,7 +91,7 @@ class Tree:
         return [n.parent for n in self.nodes]
 
 
-NodeRule = Callable[["Tree", int, random.Random], list[int]]
+NodeRule = Callable[[Tree, int, random.Random], list[int]]
 """A node-selection strategy: (tree, N, rng) -> the N nodes (ids; a repeat means several branches) one
 expansion round of that tree continues. A pure function of the tree and the rng's state."""
 
@@ -117,8 +117,10 @@ def expansion_candidates(tree: Tree, rule: str) -> list[int]:
 def paper_nodes(tree: Tree, n: int, rng: random.Random) -> list[int]:
     """The paper's rule (§3.1, Algorithm 1): N distinct non-leaf step nodes uniformly at random, sorted.
 
-    Deviation: with fewer than N candidates (a seed chain with a single search step) it draws N with
-    replacement (`rng.choices`); the paper leaves the case open.
+    Deviations, where the paper leaves the case open:
+    1. With fewer than N candidates (a seed chain with a single search step) it draws N with replacement
+       (`rng.choices`).
+    2. With no non-leaf step node (the seed chain answered in its first step) it branches from the root.
     """
     cands = expansion_candidates(tree, "paper")
     if len(cands) >= n:
