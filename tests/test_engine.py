@@ -102,6 +102,36 @@ def test_reuse_and_multiturn_match_full_recompute(model, tokenizer, reuse):
         assert out.logprobs == pytest.approx(_full_logprobs(model, ctx, out.ids), abs=1e-5)
 
 
+def _full_entropies(model, context, ids):
+    """Entropy of the distribution each of `ids` was drawn from, by one full forward with no cache."""
+    x = torch.tensor([context + ids])
+    with torch.no_grad():
+        logits = model(x).logits[0, len(context) - 1:-1].float()  # [len(ids), V]
+    return torch.distributions.Categorical(logits=logits).entropy().tolist()
+
+
+def test_entropies_are_those_of_the_unmodified_distribution_across_turns_and_kept_prefixes(model, tokenizer):
+    """`GenOut.entropies`: one per sampled id, the entropy of the model's distribution at temperature 1 with no
+    top-p (sampling at 0.7 / 0.9 must not change them), equal to a full forward's, on a first turn, after an
+    observation, and from a kept prefix."""
+    store, engine = PrefixStore(), HFEngine(model, tokenizer)
+    sampling = Sampling(temperature=0.7, top_p=0.9, seed=5)
+    contexts, obs = [list(range(10, 40)), list(range(10, 40)), list(range(50, 62))], [[100, 101], [102], [103]]
+    batch = engine.open(contexts[1:], [2, 1], sampling, store)
+    first = batch.generate([0, 1, 2], [8] * 3)
+    batch.append([0, 1, 2], obs)
+    second = batch.generate([0, 1, 2], [6] * 3)
+    batch.release([0, 1, 2])
+    branch = contexts[0] + first[0].ids + obs[0]
+    third = engine.open([branch], [2], sampling, store).generate([0, 1], [6, 6])
+    rows = [*zip(contexts, first), *((c + f.ids + o, s) for c, f, o, s in zip(contexts, first, obs, second)),
+            *((branch, t) for t in third)]
+    for context, out in rows:
+        assert len(out.entropies) == len(out.ids) > 0
+        assert out.entropies == pytest.approx(_full_entropies(model, context, out.ids), abs=1e-5)
+    assert max(h for _, o in rows for h in o.entropies) > 1.0   # a random model: far from deterministic
+
+
 def test_reuse_saves_prefill_and_keeps_tokens(model, tokenizer):
     contexts, counts = [list(range(10, 60)), list(range(60, 80))], [4, 2]
     res = {}

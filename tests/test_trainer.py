@@ -278,3 +278,16 @@ def test_qlora_in_bf16_keeps_activations_in_bf16(cfg, warm_policy_dir):
     model(input_ids=torch.tensor([[1, 2, 3, 4]])).logits.float().sum().backward()
     assert seen == [torch.bfloat16] * len(seen) and seen
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_a_step_with_the_entropy_node_rule(cfg, warm_policy_dir, make_env, train_questions, tmp_path, monkeypatch):
+    """tree.node_rule=entropy end to end: the trainer's rollout picks every tree's nodes with `entropy_nodes`, on the
+    entropies the HF engine reported (a step without them would raise), and trains on M (1 + L N) rows per prompt."""
+    import tg.tree
+    calls = []
+    spy = lambda tree, n, rng: calls.append(n) or tg.tree.entropy_nodes(tree, n, rng)  # noqa: E731
+    monkeypatch.setitem(tg.tree.NODE_RULES, "entropy", spy)
+    c = _cfg(cfg, steps=1).replace(tree=dict(node_rule="entropy"))
+    (row,) = _trainer(c, warm_policy_dir, make_env, train_questions, tmp_path).fit(progress=False)
+    assert calls == [c.tree.N] * c.tree.M * c.optim.prompts_per_step
+    assert row["trajectories"] == c.tree.group_size == 4

@@ -256,3 +256,114 @@ def test_a_node_picked_k_times_is_one_start_with_count_k(monkeypatch):
     assert loop.calls[1]["starts"] == [Start([1, 2], 1, 0), Start(tree.context(2), 3, 2)]
     assert len(tree.nodes[0].children) == 2 and len(tree.nodes[2].children) == 4
     assert len(tree.leaves()) == 5
+
+
+# Node-selection strategies (NODE_RULES): one interface, three rules.
+
+def _scored(gen: int, entropy: float, end: bool = False) -> Step:
+    """A step of `gen` sampled ids whose per-token entropies average `entropy` (nats)."""
+    spread = [entropy - 0.1, entropy + 0.1] * (gen // 2) + [entropy] * (gen % 2)
+    return Step([5] * gen, [] if end else [90], Action("answer" if end else "search", "x"), end, entropies=spread)
+
+
+def _chain_tree() -> Tree:
+    """Seed chain of inner nodes 1-4 (mean entropies 0.5, 2.0, 2.0, 1.0), a leaf 5 of entropy 9 and a branch
+    under node 2 (leaf 6)."""
+    tree = Tree(0, [1, 2])
+    tree.add_path(0, [_scored(2, 0.5), _scored(3, 2.0), _scored(2, 2.0), _scored(1, 1.0), _scored(4, 9.0, True)])
+    tree.add_path(2, [_scored(1, 3.0, True)])
+    return tree
+
+
+def test_node_rules_are_one_registry_with_the_config_names():
+    assert list(tg.tree.NODE_RULES) == ["paper", "official", "entropy"]
+    assert tg.tree.NODE_RULES["entropy"] is tg.tree.entropy_nodes
+    with pytest.raises(ValueError, match="'paper', 'official', 'entropy'; got 'deepest'"):
+        choose_nodes(_chain_tree(), 2, "deepest", random.Random(0))
+
+
+@pytest.mark.parametrize("rule, n, expected", [
+    ("paper", 2, [[2, 4], 0.0404844, [2, 3], 0.8474337, [1, 4], 0.0848720, [2, 3], 0.5442292]),
+    ("paper", 5, [[4, 4, 2, 2, 3], 0.4049341, [1, 4, 4, 2, 2], 0.4494911, [4, 4, 1, 1, 4], 0.7359700,
+                  [1, 3, 2, 3, 3], 0.0655289]),
+    ("official", 2, [[4, 3], 0.4205716, [0, 4], 0.7637746, [4, 4], 0.0565514, [1, 2], 0.3699552]),
+    ("official", 5, [[4, 3, 2, 1, 2], 0.4049341, [0, 4, 3, 1, 2], 0.4494911, [4, 4, 0, 0, 4], 0.7359700,
+                     [1, 2, 1, 3, 3], 0.0655289]),
+])
+def test_paper_and_official_picks_and_rng_use_are_pinned(rule, n, expected):
+    """The picks of four seeds and the rng's next draw after them, as the rules drew before they became
+    strategies: the sampled tokens of a seeded run depend on both."""
+    tree = Tree(0, [1, 2])
+    tree.add_path(0, [_step([5], False)] * 4 + [_step([5], True)])
+    tree.add_path(2, [_step([5], True)])
+    got = []
+    for seed in range(4):
+        rng = random.Random(seed)
+        got += [choose_nodes(tree, n, rule, rng), pytest.approx(rng.random(), abs=1e-7)]
+    assert got == expected
+
+
+def test_entropy_rule_picks_the_top_mean_entropy_inner_nodes_without_the_rng():
+    tree = _chain_tree()
+    assert [round(tree.nodes[i].step.mean_entropy, 6) for i in (1, 2, 3, 4)] == [0.5, 2.0, 2.0, 1.0]
+    rng = random.Random(7)
+    state = rng.getstate()
+    assert choose_nodes(tree, 2, "entropy", rng) == [2, 3]          # leaves (entropy 9 and 3) never
+    assert choose_nodes(tree, 1, "entropy", rng) == [2]             # a tie goes to the earlier node
+    assert choose_nodes(tree, 3, "entropy", rng) == [2, 3, 4]       # sorted, like 'paper'
+    assert choose_nodes(tree, 4, "entropy", rng) == [1, 2, 3, 4]
+    assert rng.getstate() == state                                  # enough candidates: no draw
+
+
+def test_entropy_rule_falls_back_to_the_paper_rule_when_candidates_run_short():
+    tree = Tree(0, [1])
+    tree.add_path(0, [_scored(2, 1.0), _scored(1, 0.2, True)])       # one inner node
+    answered = Tree(0, [1])
+    answered.add_path(0, [_scored(3, 1.0, True)])                    # none: the root
+    for t, n in [(tree, 3), (answered, 2), (answered, 1)]:
+        a, b = random.Random(3), random.Random(3)
+        assert choose_nodes(t, n, "entropy", a) == choose_nodes(t, n, "paper", b)
+        assert a.getstate() == b.getstate()
+
+
+def test_entropy_rule_needs_the_engine_entropies():
+    tree = Tree(0, [1])
+    tree.add_path(0, [_step([5, 6], False), _step([7], False), _step([8], True)])   # no entropies reported
+    with pytest.raises(ValueError, match="no per-token entropies"):
+        choose_nodes(tree, 2, "entropy", random.Random(0))
+    assert choose_nodes(tree, 2, "paper", random.Random(0)) == [1, 2]
+
+
+def test_branch_points_are_the_picked_nodes(monkeypatch):
+    trees, _, loop = _sample(monkeypatch, [[1, 2]], 1, 4, 1, rng=_Picks([2, 0, 2, 2]), node_rule="official")
+    assert trees[0][0].branch_points() == [0, 2, 2, 2]
+    trees, _, _ = _sample(monkeypatch, [[1, 2], [3]], 2, 2, 2)
+    assert all(len(t.branch_points()) == 2 * 2 for ts in trees for t in ts)
+
+
+def test_node_rules_spend_the_same_expansions_from_the_same_seed_chains(cfg, make_env, train_questions):
+    """The three rules at (M, N, L) = (2, 2, 1) with the warmed-up policy and one seed: the same seed chains,
+    M (1 + L N) trajectories per question and L N branches per tree under every rule (the ledger's trajectory
+    count is equal); 'paper' and 'entropy' start their branches at distinct inner nodes, 'entropy' at the two
+    of highest mean entropy. Generated tokens differ with the depth of the picks (bench/node_rules.py measures
+    them over seeds; docs/paper.md#node-selection-strategies has the numbers)."""
+    policy = load_policy(warmed_up_policy(cfg))
+    qs = [q for q in train_questions if q.data_source.endswith("multi")][:8]
+    grown = {rule: _trees(policy, make_env, qs, 2, 2, 1, rule=rule) for rule in tg.tree.NODE_RULES}
+    seed_chains = {rule: [[s.gen_ids for s in t.path(t.leaves()[0])] for ts in trees for t in ts]
+                   for rule, (trees, _) in grown.items()}
+    assert seed_chains["paper"] == seed_chains["official"] == seed_chains["entropy"]
+    ranked = 0
+    for rule, (trees, stats) in grown.items():
+        assert [x.trajectories for x in ledgers(trees, stats)] == [6] * len(qs)
+        assert [recount(ts).generated for ts in trees] == stats.generated
+        for tree in (t for ts in trees for t in ts):
+            starts = tree.branch_points()
+            inner = [n.id for n in tree.nodes[1:len(tree.path(tree.leaves()[0])) + 1] if not n.is_leaf]
+            assert len(starts) == 2 and all(not tree.nodes[b].is_leaf for b in starts)
+            if rule != "official" and len(inner) >= 2:
+                assert len(set(starts)) == 2 and 0 not in starts
+            if rule == "entropy" and len(inner) >= 2:
+                assert starts == sorted(sorted(inner, key=lambda i: -tree.nodes[i].step.mean_entropy)[:2])
+                ranked += 1
+    assert ranked >= 4, "too few seed chains with two inner nodes to rank"

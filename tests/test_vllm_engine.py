@@ -214,6 +214,7 @@ def test_sampled_ids_logprobs_and_stops(engine, policy):
         # raw log-probs: temperature 1, no top-p, whatever the sampling settings
         full = probe_logprobs(model, prompts[1] + o.ids)[len(prompts[1]) - 1:]
         assert o.logprobs == pytest.approx(full, abs=1e-4)
+        assert o.entropies == []   # reported only by VLLMEngine(entropies=True): test_entropies_are_exact
     if engine.per_request_seeds:  # GPU: a row's sample does not depend on the other rows of the call
         again = engine.open([prompts[1]], [16], sampling).generate([5, 3], [30, 30])
         assert [a.ids for a in again] == [outs[5].ids, outs[3].ids]
@@ -378,3 +379,33 @@ def test_evaluation_runs_on_the_rollout_engine(policy, cfg, train_questions, tmp
     assert len(opened) == 2                                  # two batches of 4 and 2 questions, both on vLLM
     hf = evaluate_model(tr.policy.model, tok, res, c, progress=False)
     assert got.scores == hf.scores and got.transcripts == hf.transcripts and len(got.scores) == 6
+
+
+def test_entropies_are_exact(policy):
+    """`VLLMEngine(entropies=True)`: one entropy per sampled id, that of the unmodified distribution (temperature
+    1, no top-p; sampling here at 0.7 / 0.9) over the whole vocabulary, equal to a transformers forward's, on
+    every step of trees grown with the 'entropy' rule (later turns and branches read vLLM's prefix cache); the
+    log-probs still those of `test_sampled_trees_exact_ids_and_logprobs` (without it, none are reported:
+    `test_sampled_ids_logprobs_and_stops`). Its own engine, made and closed last (a closed engine tears down
+    vLLM's process-wide state, which the module's engine then lacks)."""
+    model, tok, env, prompts, path = policy
+    eng = VLLMEngine(path, tok, kv_cache_space_gib=0.25, max_model_len=1024, entropies=True)
+    try:
+        trees, _ = sample_trees(eng, env, prompts[:3], M=2, N=2, L=1, node_rule="entropy", rng=random.Random(0),
+                                sampling=Sampling(temperature=0.7, top_p=0.9, seed=4), max_step_tokens=40,
+                                max_context_tokens=900)
+    finally:
+        eng.close()
+    turns = 0
+    for tree in (t for ts in trees for t in ts):
+        for leaf in tree.leaves():
+            tr = tree.trajectory(leaf)
+            with torch.no_grad():
+                logits = model(torch.tensor([tr.ids])).logits[0, :-1].float()  # [T-1, V]: predicts ids[1:]
+            at = [i - 1 for i, m in enumerate(tr.mask) if m]
+            full = torch.distributions.Categorical(logits=logits[at])
+            assert [h for s in tr.steps for h in s.entropies] == pytest.approx(full.entropy().tolist(), abs=1e-5)
+            assert [lp for s in tr.steps for lp in s.logprobs] == pytest.approx(
+                full.log_prob(torch.tensor(tr.ids)[[i + 1 for i in at]]).tolist(), abs=1e-4)
+            turns = max(turns, len(tr.steps))
+    assert turns >= 2, "no trajectory took a second turn (the cached-prefix case)"

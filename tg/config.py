@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 from tg.config_values import ConfigError, check_types, field_types, parse_value
 from tg.config_values import check as _check
+from tg.tree import NODE_RULES
 
 PRESET_ENV = "TG_PRESET"
 DEFAULT_PRESET = "cpu"
@@ -199,7 +200,9 @@ class TreeConfig:
     L: int = 1
     """Expansion rounds."""
     node_rule: str = "paper"
-    """'paper': N distinct non-leaf step nodes; 'official': N draws with replacement over root + non-leaf nodes."""
+    """Node-selection strategy (`tg.tree.NODE_RULES`): 'paper': N distinct non-leaf step nodes at random;
+    'official': N draws with replacement over root + non-leaf nodes; 'entropy': the N non-leaf step nodes
+    whose steps had the highest mean token entropy."""
     prefix_reuse: bool = True
     """Prefill a shared context once and decode its branches from copies of its KV cache."""
 
@@ -208,7 +211,8 @@ class TreeConfig:
         _check(self.N >= 0, "tree.N", ">= 0", self.N)
         _check(self.L >= 0, "tree.L", ">= 0", self.L)
         _check((self.N == 0) == (self.L == 0), "tree.N/tree.L", "N = 0 if and only if L = 0 (a chain)", (self.N, self.L))
-        _check(self.node_rule in ("paper", "official"), "tree.node_rule", "'paper', 'official'", self.node_rule)
+        _check(self.node_rule in NODE_RULES, "tree.node_rule", "one of " + ", ".join(map(repr, NODE_RULES)),
+               self.node_rule)
 
     @property
     def is_chain(self) -> bool:

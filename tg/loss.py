@@ -57,17 +57,27 @@ def token_logprobs(logits: Tensor, ids: Tensor) -> Tensor:
     return _shift_right(picked - torch.logsumexp(x, dim=-1))
 
 
+def entropy(logits: Tensor) -> Tensor:
+    """Entropy in nats of softmax(logits) over the last dimension: H = logsumexp(z) - sum softmax(z) z.
+
+    Args:
+        logits: [..., V] (any leading shape; half precision is computed in float32).
+    Returns:
+        [...] entropies.
+    """
+    x = _full_precision(logits)
+    return torch.logsumexp(x, dim=-1) - (torch.softmax(x, dim=-1) * x).sum(-1)
+
+
 def entropy_from_logits(logits: Tensor) -> Tensor:
     """Entropy of the distribution that produced each token, aligned with ids (module docstring).
 
     Args:
         logits: [B, T, V] causal LM logits computed on ids [B, T].
     Returns:
-        [B, T] entropies in nats; [:, 0] = 0. H = logsumexp(z) - sum softmax(z) z.
+        [B, T] entropies in nats; [:, 0] = 0 (`entropy` of logits[:, :-1], shifted right).
     """
-    x = _full_precision(logits[:, :-1])                                   # [B, T-1, V]
-    p = torch.softmax(x, dim=-1)
-    return _shift_right(torch.logsumexp(x, dim=-1) - (p * x).sum(-1))
+    return _shift_right(entropy(logits[:, :-1]))
 
 
 def masked_aggregate(x: Tensor, mask: Tensor, agg: str = "seq-mean") -> Tensor:

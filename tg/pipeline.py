@@ -173,7 +173,8 @@ def vllm_engine(cfg: Config, policy_path: str, tokenizer: Any, ranks: int = 1) -
     return VLLMEngine(policy_path, tokenizer, lora=cfg.model.finetune != "full", max_lora_rank=cfg.model.lora_r,
                       kv_cache_space_gib=cfg.agent.vllm_kv_cache_gib,
                       gpu_memory_utilization=cfg.agent.vllm_gpu_memory_utilization, seed=cfg.optim.seed,
-                      dtype=cfg.model.dtype, data_parallel_size=ranks)  # dtype: the trainer's, as the sync check
+                      dtype=cfg.model.dtype, data_parallel_size=ranks,  # dtype: the trainer's, as the sync check
+                      entropies=cfg.tree.node_rule == "entropy")  # the 'entropy' rule needs them (O(V) per token)
 
 
 def evaluate_model(model: Any, tokenizer: Any, res: Resources, cfg: Config, progress: bool = True,

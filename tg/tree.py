@@ -2,8 +2,9 @@
 
 A tree node is one whole agent step (think, action, observation); the root holds the prompt.
 For each prompt: M independent chains seed M trees (initialisation); then L rounds, each picking N
-nodes per tree and continuing each from its full root-to-node context with the same step loop until
-the episode ends; each continuation becomes a new branch under the picked node. Leaves per tree =
+nodes per tree (the node-selection strategy `NODE_RULES[node_rule]`: 'paper', 'official' or 'entropy')
+and continuing each from its full root-to-node context with the same step loop until the episode
+ends; each continuation becomes a new branch under the picked node. Leaves per tree =
 1 + L N; trajectories per prompt = M (1 + L N). Chains are the case N = L = 0: the same code path.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from tg.agent.env import SearchEnv
 from tg.agent.protocol import Step, Trajectory
@@ -80,36 +81,92 @@ class Tree:
     def trajectory(self, leaf: int) -> Trajectory:
         return Trajectory(self.prompt_ids, self.path(leaf), reward=self.rewards.get(leaf, 0.0))
 
+    def branch_points(self) -> list[int]:
+        """The node each expansion started from, one entry per branch (a node picked k times k times), in node
+        order: every child after a node's first hangs off an expansion. A grown tree has L N of them."""
+        return [n.id for n in self.nodes for _ in n.children[1:]]
+
     def parents(self) -> list[int]:
         """The parent array (root -1), as `tg.advantage.node_advantages` takes it."""
         return [n.parent for n in self.nodes]
 
 
-def expansion_candidates(tree: Tree, rule: str) -> list[int]:
-    """Nodes an expansion may start from.
+NodeRule = Callable[[Tree, int, random.Random], list[int]]
+"""A node-selection strategy: (tree, N, rng) -> the N nodes (ids; a repeat means several branches) one
+expansion round of that tree continues. A pure function of the tree and the rng's state."""
 
-    'paper'    (default): the tree's non-leaf step nodes (the root excluded). If there are none (the
-               seed chain answered in its first step), the root: a deviation, as the paper leaves it open.
-    'official' : the root plus every non-leaf step node, as the official code's get_expand_node.
+
+def inner_nodes(tree: Tree) -> list[int]:
+    """The tree's non-leaf step nodes (the root excluded), in creation order."""
+    return [n.id for n in tree.nodes[1:] if not n.is_leaf]
+
+
+def expansion_candidates(tree: Tree, rule: str) -> list[int]:
+    """Nodes an expansion may start from under `rule`.
+
+    'paper', 'entropy': the tree's non-leaf step nodes (the root excluded). If there are none (the seed
+                        chain answered in its first step), the root: a deviation, as the paper leaves it open.
+    'official'        : the root plus every non-leaf step node, as the official code's get_expand_node.
     """
-    inner = [n.id for n in tree.nodes[1:] if not n.is_leaf]
+    inner = inner_nodes(tree)
     if rule == "official":
         return [0] + inner
     return inner or [0]
 
 
-def choose_nodes(tree: Tree, n: int, rule: str, rng: random.Random) -> list[int]:
-    """Pick N expansion nodes of one tree, reproducibly from `rng`.
+def paper_nodes(tree: Tree, n: int, rng: random.Random) -> list[int]:
+    """The paper's rule (§3.1, Algorithm 1): N distinct non-leaf step nodes uniformly at random, sorted.
 
-    'paper': N distinct candidates uniformly at random (with replacement only when fewer than N exist);
-    'official': N draws uniformly with replacement over root + non-leaf nodes (random.choices), so a
-    fresh chain from the root and repeated picks are possible, and the mean start depth is lower
-    (each expansion costs about (T+1)/(2T) of a chain instead of the paper's 1/2).
+    Deviations, where the paper leaves the case open:
+    1. With fewer than N candidates (a seed chain with a single search step) it draws N with replacement
+       (`rng.choices`).
+    2. With no non-leaf step node (the seed chain answered in its first step) it branches from the root.
     """
-    cands = expansion_candidates(tree, rule)
-    if rule == "paper" and len(cands) >= n:
+    cands = expansion_candidates(tree, "paper")
+    if len(cands) >= n:
         return sorted(rng.sample(cands, n))
     return rng.choices(cands, k=n)
+
+
+def official_nodes(tree: Tree, n: int, rng: random.Random) -> list[int]:
+    """The official code's rule (get_expand_node): N draws with replacement over the root and every non-leaf
+    node (`rng.choices`). A fresh chain from the root and repeated picks are possible, and the mean start depth
+    is lower: for a T-step chain an expansion costs about (T+1)/(2T) of a chain instead of the paper's 1/2."""
+    return rng.choices(expansion_candidates(tree, "official"), k=n)
+
+
+def entropy_nodes(tree: Tree, n: int, rng: random.Random) -> list[int]:
+    """The N non-leaf step nodes whose step the policy sampled with the highest mean token entropy, sorted.
+
+    Entropy-guided branching spends the expansions where the policy was least certain: ARPO (arXiv
+    2507.19849) branches after tool calls when token entropy rises, AEPO (arXiv 2510.14545) balances
+    that branching, TreeRL (arXiv 2506.11902) forks at the highest-entropy tokens. Here the score of a
+    node is `Step.mean_entropy`, which the engine reported while sampling the step (`GenOut.entropies`):
+    no extra forward, and each tree still makes N expansions a round, as under 'paper'.
+    Ties go to the earlier node (lower id), so the picks are a function of the tree alone.
+
+    Deviations from those methods (they are not Tree-GRPO rules):
+    1. The unit is a step node, not a token: a branch starts after the node's observation, at a step boundary.
+    2. The score is the mean over the node's own step; the step a branch replaces (the node's child on the
+       seed chain) is not what is scored.
+    3. With fewer than N non-leaf nodes it falls back to `paper_nodes`, drawing from `rng`; otherwise `rng`
+       is not consumed.
+    """
+    inner = inner_nodes(tree)
+    if len(inner) < n:
+        return paper_nodes(tree, n, rng)
+    return sorted(sorted(inner, key=lambda i: (-tree.nodes[i].step.mean_entropy, i))[:n])
+
+
+NODE_RULES: dict[str, NodeRule] = {"paper": paper_nodes, "official": official_nodes, "entropy": entropy_nodes}
+"""`tree.node_rule` -> its strategy."""
+
+
+def choose_nodes(tree: Tree, n: int, rule: str, rng: random.Random) -> list[int]:
+    """Pick N expansion nodes of one tree with strategy `NODE_RULES[rule]`, reproducibly from `rng`."""
+    if rule not in NODE_RULES:
+        raise ValueError(f"node_rule must be one of {', '.join(map(repr, NODE_RULES))}; got {rule!r}")
+    return NODE_RULES[rule](tree, n, rng)
 
 
 @dataclass
@@ -128,10 +185,11 @@ def sample_trees(engine: Engine, env: SearchEnv, prompts: Sequence[list[int]], *
                  max_context_tokens: int = 4096) -> tuple[list[list[Tree]], RolloutStats]:
     """Initialize-then-expand for a batch of prompts; returns M trees per prompt and engine accounting.
 
-    Every round batches all trees of all prompts into one `run_episodes` call. A node picked k times
-    is one start with count k, so its context is prefilled once (prefix reuse) and k branches decode;
-    and a branch starts from the kept cache of the chain it branches from (`PrefixStore`), so only
-    its last context token is prefilled.
+    `node_rule` names the node-selection strategy (`NODE_RULES`); `rng` is consumed only by it, so the
+    seed chains do not depend on the rule. Every round batches all trees of all prompts into one
+    `run_episodes` call. A node picked k times is one start with count k, so its context is prefilled
+    once (prefix reuse) and k branches decode; and a branch starts from the kept cache of the chain it
+    branches from (`PrefixStore`), so only its last context token is prefilled.
     """
     t0 = time.perf_counter()
     trees = [[Tree(q, list(p)) for _ in range(M)] for q, p in enumerate(prompts)]

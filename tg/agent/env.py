@@ -46,5 +46,6 @@ class SearchEnv:
             else:
                 obs, a = self._invalid_ids, Action("invalid", a.argument)
             steps.append(Step(gen_ids=list(o.ids), obs_ids=list(obs), action=a, ends_episode=end, finish=o.finish,
-                              text=text, logprobs=list(o.logprobs), docs=[d["title"] for d in found.get(i, [])]))
+                              text=text, logprobs=list(o.logprobs), docs=[d["title"] for d in found.get(i, [])],
+                              entropies=list(o.entropies)))
         return steps

@@ -108,6 +108,8 @@ class Step:
     gen_ids:   the ids the policy sampled, exactly (stop string included).
     obs_ids:   the ids appended by the environment (empty when the episode ends here).
     logprobs:  the engine's log-probs of gen_ids (diagnostics; training recomputes them).
+    entropies: the entropy (nats) of the distribution each of gen_ids was drawn from, as the engine
+               reported it (`GenOut.entropies`); None or empty when it reported none.
     """
 
     gen_ids: list[int]
@@ -121,6 +123,15 @@ class Step:
     logprobs: list[float] | None = None
     docs: list[str] = field(default_factory=list)
     """Titles of the retrieved documents, for display."""
+    entropies: list[float] | None = None
+
+    @property
+    def mean_entropy(self) -> float:
+        """Mean entropy in nats over the step's sampled tokens, sum(entropies) / len(gen_ids) (0 for no tokens)."""
+        if self.entropies is None or len(self.entropies) != len(self.gen_ids):
+            raise ValueError("this step carries no per-token entropies: its engine did not report them "
+                             "(the vLLM engine reports them with VLLMEngine(entropies=True))")
+        return sum(self.entropies) / max(len(self.gen_ids), 1)
 
     @property
     def ids(self) -> list[int]:

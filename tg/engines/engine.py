@@ -18,13 +18,14 @@ The caches themselves are in `tg.engines.kvcache`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 import torch
 
 from tg.agent.protocol import STOP_STRINGS
 from tg.engines.kvcache import GrowingCache, PrefixStore, grouped_attention
+from tg.loss import entropy
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,10 @@ class GenOut:
     """Log-probs of `ids` under the model's unmodified distribution (temperature 1, no top-p)."""
     finish: str
     """'stop' (a stop string closed), 'eos' (an end-of-sequence token), 'length' (per-step cap)."""
+    entropies: list[float] = field(default_factory=list)
+    """Entropy in nats of the distribution each id was drawn from, under the same convention as `logprobs`
+    (the model's unmodified distribution: temperature 1, no top-p), one per id; exact, over the whole
+    vocabulary. Empty when the engine was not asked for them (`VLLMEngine(entropies=False)`)."""
 
 
 @dataclass
@@ -297,10 +302,12 @@ class HFBatch:
             logits = self._forward(blocks, fed)
             tok = sample_next(logits, self.sampling, self.generator).tolist()
             logp = torch.log_softmax(logits, -1)[torch.arange(len(live)), torch.tensor(tok)].tolist()
+            ent = entropy(logits).tolist()  # [len(live)], from the logits just sampled from: no extra forward
             still = []
             for j, i in enumerate(live):
                 outs[i].ids.append(tok[j])
                 outs[i].logprobs.append(logp[j])
+                outs[i].entropies.append(ent[j])
                 self.pending[internal[i]] = [tok[j]]
                 finish = self.engine.stop.check(outs[i].ids)
                 if finish is not None:

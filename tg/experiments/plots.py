@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 import matplotlib.pyplot as plt
 
@@ -35,10 +35,11 @@ def node_label(tree: Tree, n: int, width: int = 18) -> str:
 
 
 def draw_tree(tree: Tree, advantages: Mapping[int, float] | Sequence[float] | None = None, ax: Any = None,
-              title: str | None = None) -> Any:
+              title: str | None = None, picked: Collection[int] = (), notes: Mapping[int, str] | None = None) -> Any:
     """Draw one tree: steps as nodes (query or answer shown), leaves coloured by reward (red 0 ->
     green 1), each node's effective advantage under it when given, and a bar of shared vs
-    generated tokens (tokens every leaf would repeat without the tree, vs tokens sampled)."""
+    generated tokens (tokens every leaf would repeat without the tree, vs tokens sampled).
+    `picked` nodes get a thick blue frame (e.g. where expansions started); `notes[n]` is written above node n."""
     pos = _layout(tree)
     if ax is None:
         _, ax = plt.subplots(figsize=(max(4.0, 1.6 * len(tree.leaves())), 1.3 * (1 + max(n.depth for n in tree.nodes))))
@@ -50,8 +51,11 @@ def draw_tree(tree: Tree, advantages: Mapping[int, float] | Sequence[float] | No
         x, y = pos[node.id]
         r = tree.rewards.get(node.id)
         color = cmap(0.5 + 0.5 * max(-1.0, min(1.0, 2 * r - 1))) if node.is_leaf and r is not None else "white"
+        frame = dict(ec="tab:blue", lw=2.4) if node.id in picked else dict(ec="0.3", lw=0.8)
         ax.text(x, y, node_label(tree, node.id), ha="center", va="center", fontsize=7, zorder=2,
-                bbox=dict(boxstyle="round,pad=0.3", fc=color, ec="0.3", lw=0.8))
+                bbox=dict(boxstyle="round,pad=0.3", fc=color, **frame))
+        if notes and node.id in notes:
+            ax.text(x, y + 0.28, notes[node.id], ha="center", va="bottom", fontsize=6, color="0.25")
         if advantages is not None and node.id > 0:
             ax.text(x, y - 0.32, f"A={advantages[node.id]:+.2f}", ha="center", va="top", fontsize=6, color="navy")
     ax.set_xlim(-0.8, max(x for x, _ in pos.values()) + 0.8)
