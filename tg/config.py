@@ -18,7 +18,9 @@ from urllib.parse import urlsplit
 
 from tg.config_values import ConfigError, check_types, field_types, parse_value
 from tg.config_values import check as _check
-from tg.tree import NODE_RULES
+
+NODE_RULE_NAMES = ("paper", "official", "entropy")
+"""The values of `tree.node_rule`: the keys of `tg.tree.NODE_RULES` (named here so the config imports no torch)."""
 
 PRESET_ENV = "TG_PRESET"
 DEFAULT_PRESET = "cpu"
@@ -211,7 +213,7 @@ class TreeConfig:
         _check(self.N >= 0, "tree.N", ">= 0", self.N)
         _check(self.L >= 0, "tree.L", ">= 0", self.L)
         _check((self.N == 0) == (self.L == 0), "tree.N/tree.L", "N = 0 if and only if L = 0 (a chain)", (self.N, self.L))
-        _check(self.node_rule in NODE_RULES, "tree.node_rule", "one of " + ", ".join(map(repr, NODE_RULES)),
+        _check(self.node_rule in NODE_RULE_NAMES, "tree.node_rule", "one of " + ", ".join(map(repr, NODE_RULE_NAMES)),
                self.node_rule)
 
     @property

@@ -84,7 +84,8 @@ def experiments() -> dict[str, list[Cell]]:
     """The named grids. `budget`: claims 2 and 6 at the paper's budget 4 (chain G=4 vs tree (2,2,1)),
     multi-hop in both regimes and single-hop; `ledger`: claim 1; `theory`: claim 7; multi-hop in both regimes,
     `ablation` (claim 4, Table 4: intra / inter / both at 3 and 7 leaves per tree), `shapes` (claim 5, Table 7
-    at budget 4) and `sweep` (claim 3, Table 3: chain G vs tree (G/2, 2, 1) at budgets 2, 4, 8, 16)."""
+    at budget 4) and `sweep` (claim 3, Table 3: chain G vs tree (G/2, 2, 1) at budgets 2, 4, 8, 16); beyond the
+    paper, `branching`: chain 4, chain 4 with step groups, tree (2,2,1) with random and with entropy-guided nodes."""
     pair = {"chain": CHAIN4, "tree": TREE221}
     # 5 seeds per training cell (results/mini/README.md, protocol: seeds)
     budget = (_train_cells("moderate", "multi-hop", pair) + _train_cells("hard", "multi-hop", pair)
@@ -107,8 +108,14 @@ def experiments() -> dict[str, list[Cell]]:
         sweep += _train_cells(regime, "multi-hop", {f"chain-{g}": tree_shape(g, 0, 0) for g in (2, 4, 8, 16)})
         sweep += _train_cells(regime, "multi-hop", {f"tree ({m},{n},{l})": tree_shape(m, n, l)
                                                     for m, n, l in [(1, 2, 1), (2, 2, 1), (4, 2, 1), (8, 2, 1)]}, start=False)
+    # beyond the paper (results/mini/README.md, protocol): where to branch at equal budget;
+    # chain and tree are the budget grid's runs (copied)
+    branching = []
+    for regime in ("hard", "moderate"):
+        branching += _train_cells(regime, "multi-hop", {"chain": CHAIN4, "chain+steps": CHAIN4 + ("optim.step_groups=1.0",),
+                                                        "tree": TREE221, "tree-entropy": TREE221 + ("tree.node_rule=entropy",)})
     return {"budget": budget, "ledger": ledger, "theory": theory, "ablation": ablation, "shapes": shapes,
-            "sweep": sweep}
+            "sweep": sweep, "branching": branching}
 
 
 def select_cells(name: str, wanted: list[str] | None = None) -> list[Cell]:
