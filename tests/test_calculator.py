@@ -24,6 +24,8 @@ from tg.reward import reward
 
 REPO = Path(__file__).resolve().parents[1]
 VALID = ["<think> a </think><search> 2 - 7 </search>", "<think> b </think><answer> -5 </answer>"]
+PIECES = [*"0123456789 -+*x", "<think>", "</think>", "<search>", "</search>", "<answer>", "</answer>"]
+"""What fuzzed step texts are made of."""
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +89,8 @@ def test_episode_ends_and_invalid_steps(tok, text, finish, turn, ends, kind):
 
 def test_rows_of_a_batch_are_observed_independently(tok):
     env = CalculatorEnv(tok, max_turns=3)
-    texts = ["<think> x </think> <search> 3 - 1 </search>", "<answer> 2 </answer>", "<think> x </think> <search> 9 </search>"]
+    texts = ["<think> x </think> <search> 3 - 1 </search>", "<answer> 2 </answer>",
+             "<think> x </think> <search> 9 </search>"]
     steps = env.observe([_out(tok, t) for t in texts], [0, 0, 1])
     assert [s.ends_episode for s in steps] == [False, True, False]
     assert [tok.decode(s.obs_ids).split()[1:-1] for s in (steps[0], steps[2])] == [["2"], ["9"]]
@@ -117,9 +120,7 @@ def test_reward_values_on_hand_built_trajectories(steps, gold, value):
 
 
 @settings(max_examples=80, deadline=None)
-@given(texts=st.lists(st.lists(st.sampled_from(list("0123456789 -+*x") + ["<think>", "</think>", "<search>", "</search>",
-                                                                        "<answer>", "</answer>"]), max_size=12)
-                      .map("".join), max_size=4),
+@given(texts=st.lists(st.lists(st.sampled_from(PIECES), max_size=12).map("".join), max_size=4),
        penalty=st.floats(0.0, 1.0))
 def test_the_reward_lies_in_its_range(texts, penalty):
     assert -penalty <= calculator_reward(texts, ["7"], format_penalty=penalty) <= 1.0
@@ -140,11 +141,11 @@ def test_questions_are_seeded_disjoint_and_answered_by_the_tool():
 
 
 def test_agent_env_picks_environment_reward_and_questions(cfg, tok):
-    calc = cfg.with_overrides("agent.env=calculator", "agent.max_turns=2")
+    calc = cfg.with_overrides("agent.env=calculator", "agent.max_turns=2", "agent.format_penalty=0.5")
     env = make_env(calc, tok, retriever=None)
     assert isinstance(env, CalculatorEnv) and env.max_turns == 2
     assert isinstance(make_env(cfg, tok, retriever=None), SearchEnv)
-    assert make_reward(calc)(["<answer> - 5 </answer>"], ["-5"]) == calculator_reward(["<answer> - 5 </answer>"], ["-5"])
+    assert make_reward(calc)(["<answer> - 5 </answer>"], ["-5"]) == 0.5   # 1 less agent.format_penalty
     assert make_reward(cfg)(["<answer> x </answer>"], ["x"]) == reward(["<answer> x </answer>"], ["x"]) == 0.8
     assert make_reward(cfg.with_overrides("agent.reward=official"))(["<answer> x </answer>"], ["y"]) == 0.1
     train, test = task_questions(calc, Path("unused"))

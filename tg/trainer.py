@@ -60,7 +60,7 @@ from tg.tree import RolloutStats, Tree, sample_trees
 
 METRICS: dict[str, str] = {
     "step": "training step (1-based)",
-    "reward": "mean training reward over the step's leaves (Eq. 13)",
+    "reward": "mean training reward over the step's leaves (the task's reward, Eq. 13 for search and calculator)",
     "em": "mean exact match of the leaves' last answers (no format term)",
     "format_valid": "share of leaves with a valid think/search/answer format",
     "tool_calls": "searches per question, summed over all its tree nodes",

@@ -76,8 +76,8 @@ def evaluate_expression(text: str) -> int | None:
 
     >>> evaluate_expression("12 - 3 * 4"), evaluate_expression("1 2 - 7"), evaluate_expression("-(2 + 3)")
     (0, 5, -5)
-    >>> evaluate_expression("2 ** 8") is None, evaluate_expression("Rumen") is None, evaluate_expression("1 / 2") is None
-    (True, True, True)
+    >>> [evaluate_expression(t) for t in ("2 ** 8", "Rumen", "1 / 2")]
+    [None, None, None]
     """
     compact = "".join(text.split())
     if not compact or len(compact) > MAX_EXPRESSION_CHARS:
