@@ -212,7 +212,8 @@ def test_tree_grpo_trains_on_the_calculator_through_the_trainer(cfg, warm_policy
         assert m["reward"] == pytest.approx(sum(r for *_, r in step_scores) / len(leaves))
         for i, (t, leaf) in enumerate(leaves):
             path, gold = t.path(leaf), questions[t.question].golden_answers
-            assert t.rewards[leaf] == calculator_reward([s.text for s in path], gold) == step_scores[i][2]
+            assert step_scores[i] == ([s.text for s in path], list(gold), t.rewards[leaf])   # what it was called with
+            assert t.rewards[leaf] == calculator_reward([s.text for s in path], gold)
             n = len(t.trajectory(leaf).ids)
             assert rows.ids[i, :n].tolist() == t.trajectory(leaf).ids and rows.mask[i, n:].sum() == 0
             assert rows.ids[i, :len(t.prompt_ids)].tolist() == env.prompt_ids(questions[t.question].question)
