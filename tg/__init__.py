@@ -20,7 +20,9 @@ with sits in five subpackages.
 
     agent/          the agent and its world
       protocol.py   the ReAct search protocol, Step / Trajectory records (token ids as sampled)
-      env.py        the search tool as an environment: a generated step -> observation ids
+      env.py        the Environment and Reward interfaces; the search tool, the default environment
+      tasks.py      the tasks a config names (agent.env): environment, reward, questions of each
+      calculator.py the worked example of one's own task: generated arithmetic, a calculator tool, its reward
       world.py      the synthetic world (entities, corpus, single- and multi-hop questions), cached on disk
       data.py       question files (Search-R1 / FlashRAG schema), `tg data prepare`, `is_single_hop`
       retrieval.py  BM25 over a JSONL corpus, cached; server.py: the same served and queried over HTTP

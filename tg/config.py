@@ -166,6 +166,9 @@ class AgentConfig:
     """Rollout temperature (paper scripts: 1.0)."""
     top_p: float = 0.95
     """Rollout nucleus (official yaml: 0.95)."""
+    env: str = "search"
+    """The task: 'search' (the search tool over data.*, reward agent.reward) or 'calculator' (generated arithmetic
+    questions and a calculator tool, Eq. 13 with a numeric score; tg.agent.calculator, docs/environments.md)."""
     reward: str = "paper"
     """'paper' = Eq. 13: EM - lambda_f if the format is wrong; 'official' = the code's 1/0.8/0.2/0.1/0 tiers."""
     format_penalty: float = 0.2
@@ -187,6 +190,7 @@ class AgentConfig:
             _check(getattr(self, n) >= 1, f"agent.{n}", ">= 1", getattr(self, n))
         _check(self.temperature >= 0.0, "agent.temperature", ">= 0 (0 = greedy)", self.temperature)
         _check(0.0 < self.top_p <= 1.0, "agent.top_p", "(0, 1]", self.top_p)
+        _check(self.env in ("search", "calculator"), "agent.env", "'search', 'calculator'", self.env)
         _check(self.reward in ("paper", "official"), "agent.reward", "'paper', 'official'", self.reward)
         _check(0.0 <= self.format_penalty <= 1.0, "agent.format_penalty", "[0, 1]", self.format_penalty)
 
@@ -351,7 +355,7 @@ class EvalConfig:
 
 ADDED_FIELDS: dict[tuple[str, str], Any] = {("optim", "pack_trees"): False, ("optim", "rollout_shards"): 1,
                                             ("optim", "parallel"): "auto", ("optim", "ratio"): "token",
-                                            ("optim", "step_groups"): 0.0}
+                                            ("optim", "step_groups"): 0.0, ("agent", "env"): "search"}
 """(group, field) -> default of the fields added after config hashes keyed committed results (Config.hash)."""
 
 

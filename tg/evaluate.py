@@ -14,8 +14,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from tg.agent.data import Question
-from tg.agent.env import SearchEnv
-from tg.agent.protocol import prompt_ids
+from tg.agent.env import Environment
 from tg.config import Config
 from tg.engines.engine import Engine, Sampling
 from tg.reward import answer_score
@@ -51,14 +50,14 @@ class EvalResult:
         return {s: float(np.mean(v)) for s, v in sorted(out.items())}
 
 
-def evaluate(engine: Engine, env: SearchEnv, tokenizer: Any, questions: Sequence[Question], *, batch_size: int = 64,
+def evaluate(engine: Engine, env: Environment, tokenizer: Any, questions: Sequence[Question], *, batch_size: int = 64,
              max_step_tokens: int = 500, max_context_tokens: int = 4096, metric: str = "em",
              progress: bool = False) -> EvalResult:
     """Greedy single-chain rollouts (M = 1, N = L = 0, temperature 0) scored by pure EM / F1."""
     res = EvalResult([], [], [], [])
     for s in tqdm(range(0, len(questions), batch_size), desc="eval", disable=not progress):
         qs = questions[s:s + batch_size]
-        trees, _ = sample_trees(engine, env, [prompt_ids(tokenizer, q.question) for q in qs], M=1, N=0, L=0,
+        trees, _ = sample_trees(engine, env, [env.prompt_ids(q.question) for q in qs], M=1, N=0, L=0,
                                 sampling=Sampling(temperature=0.0), rng=random.Random(0),
                                 max_step_tokens=max_step_tokens, max_context_tokens=max_context_tokens)
         for q, (tree,) in zip(qs, trees):

@@ -16,11 +16,12 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from tg.agent.data import Question, is_single_hop, load_split
-from tg.agent.env import SearchEnv
+from tg.agent.data import Question, is_single_hop
+from tg.agent.env import Environment
 from tg.agent.finetune import default_device, trainable_policy
 from tg.agent.retrieval import CachedRetriever, bm25_for
 from tg.agent.server import HTTPRetriever
+from tg.agent.tasks import make_env, task_questions
 from tg.agent.world import MULTI, SINGLE, ensure_world, resolve
 from tg.config import Config, ConfigError, DataConfig, ModelConfig
 from tg.engines.engine import Engine, HFEngine
@@ -34,17 +35,17 @@ HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 @dataclass
 class Resources:
-    """Questions, retriever and environment of one config, and where its starting policy lives."""
+    """Questions, retriever and environment of one config (its task: agent.env), and where its starting policy lives."""
 
     data_dir: Path
     train: list[Question]
     test: list[Question]
     retriever: Any
+    """The search task's retriever (None for the calculator)."""
     policy_path: str
 
-    def env(self, tokenizer: Any, cfg: Config) -> SearchEnv:
-        return SearchEnv(tokenizer, self.retriever, top_k=cfg.data.top_k, max_obs_tokens=cfg.agent.max_obs_tokens,
-                         max_turns=cfg.agent.max_turns)
+    def env(self, tokenizer: Any, cfg: Config) -> Environment:
+        return make_env(cfg, tokenizer, self.retriever)
 
     def train_set(self, cfg: Config) -> list[Question]:
         """The training questions of the config's setting: the synthetic world's train split holds both kinds
@@ -140,7 +141,8 @@ def policy_source(policy: str) -> tuple[str | None, Path | None]:
 def load_resources(cfg: Config) -> Resources:
     """Build or load everything the config names (world, index, warmed-up policy are cached)."""
     d = _data_dir(cfg)
-    return Resources(d, load_split(d, "train"), load_split(d, "test"), _retriever(cfg, d), _policy_path(cfg))
+    retriever = _retriever(cfg, d) if cfg.agent.env == "search" else None
+    return Resources(d, *task_questions(cfg, d), retriever, _policy_path(cfg))
 
 
 @dataclass

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from tg.agent.env import SearchEnv
+from tg.agent.env import Environment
 from tg.agent.protocol import Step
 from tg.engines.engine import Engine, PrefillStats, Sampling
 from tg.engines.kvcache import PrefixStore
@@ -37,7 +37,7 @@ class Episode:
     prefill: PrefillStats = field(default_factory=PrefillStats)
 
 
-def run_episodes(engine: Engine, env: SearchEnv, starts: Sequence[Start], sampling: Sampling, *,
+def run_episodes(engine: Engine, env: Environment, starts: Sequence[Start], sampling: Sampling, *,
                  max_step_tokens: int, max_context_tokens: int, prefixes: PrefixStore | None = None) -> list[Episode]:
     """Run every row of every start to the end of its episode; rows in start order, count copies each.
 

@@ -4,9 +4,11 @@
 
 One step:
 1. take the next `prompts_per_step` training questions (a seeded permutation per epoch);
-2. roll out M trees per question (chains: M = G, N = L = 0) with the engine and the search env;
-3. score every leaf (Eq. 13), compute advantages (Eq. 5-7; chains: plain GRPO by prompt, plus GiGPO's
-   step-group advantage per step with `optim.step_groups`, tg.advantage.step_group_advantages);
+2. roll out M trees per question (chains: M = G, N = L = 0) with the engine and the environment
+   (tg.agent.env.Environment; the search tool by default);
+3. score every leaf with the reward (tg.agent.env.Reward; Eq. 13 by default), compute advantages (Eq. 5-7;
+   chains: plain GRPO by prompt, plus GiGPO's step-group advantage per step with `optim.step_groups`,
+   tg.advantage.step_group_advantages);
 4. one training row per leaf: its exact sampled ids and observation mask (shared prefixes repeat;
    with `optim.pack_trees` each tree's rows run as one sequence along their shared prefixes, tg.packing);
 5. old log-probs once, reference log-probs once (adapter disabled), then PPO mini-batches of
@@ -40,7 +42,7 @@ from tqdm.auto import tqdm
 
 from tg.advantage import combine_step_advantages, observation_prefixes, step_group_advantages, tree_grpo_parts
 from tg.agent.data import Question
-from tg.agent.env import SearchEnv
+from tg.agent.env import Environment, Reward
 from tg.agent.finetune import TrainablePolicy
 from tg.budget import Ledger, ledgers
 from tg.config import Config
@@ -51,13 +53,14 @@ from tg.store.files import atomic_write_text
 from tg.gpu.distributed import (Parallel, failures_as_rank_lost, gather_step, minibatch_of, set_rng_state, shard_seed,
                             shard_slices)
 from tg.agent.protocol import prompt_ids
-from tg.reward import answer_score, is_valid_format, reward
+from tg.agent.tasks import make_reward
+from tg.reward import answer_score, is_valid_format
 from tg.store.rundir import has_checkpoint, read_checkpoint, run_lock, write_checkpoint
 from tg.tree import RolloutStats, Tree, sample_trees
 
 METRICS: dict[str, str] = {
     "step": "training step (1-based)",
-    "reward": "mean training reward over the step's leaves (Eq. 13)",
+    "reward": "mean training reward over the step's leaves (the task's reward, Eq. 13 for search and calculator)",
     "em": "mean exact match of the leaves' last answers (no format term)",
     "format_valid": "share of leaves with a valid think/search/answer format",
     "tool_calls": "searches per question, summed over all its tree nodes",
@@ -142,13 +145,13 @@ def chain_states(tree: Tree) -> list[tuple]:
     return observation_prefixes([tuple(s.obs_ids) for s in tree.path(leaf)[:-1]])
 
 
-def leaf_rewards(trees: Sequence[Tree], golds: Sequence[Sequence[str]], mode: str, penalty: float) -> dict[str, list]:
-    """Score every leaf (filling `tree.rewards`); returns per-leaf reward, EM, format validity, ids."""
+def leaf_rewards(trees: Sequence[Tree], golds: Sequence[Sequence[str]], reward_fn: Reward) -> dict[str, list]:
+    """Score every leaf with `reward_fn` (filling `tree.rewards`); returns per-leaf reward, EM, format validity, ids."""
     out: dict[str, list] = {k: [] for k in ("reward", "em", "valid", "tree", "prompt", "calls")}
     for k, tree in enumerate(trees):
         for leaf in tree.leaves():
             texts = [s.text for s in tree.path(leaf)]
-            tree.rewards[leaf] = reward(texts, golds[tree.question], mode=mode, format_penalty=penalty)
+            tree.rewards[leaf] = reward_fn(texts, golds[tree.question])
             out["reward"].append(tree.rewards[leaf])
             out["em"].append(answer_score("".join(texts), golds[tree.question]))
             out["valid"].append(float(is_valid_format(texts)))
@@ -163,11 +166,11 @@ def rollout_seed(seed: int, step: int) -> int:
     return seed * 1_000_003 + step
 
 
-def sample_batch(engine: Engine, env: SearchEnv, tokenizer: Any, questions: Sequence[Question], cfg: Config,
+def sample_batch(engine: Engine, env: Environment, questions: Sequence[Question], cfg: Config,
                  seed: int) -> tuple[list[list[Tree]], RolloutStats]:
     """The training rollout: cfg.tree's (M, N, L) trees per question at the agent's temperature and top-p."""
     t, a = cfg.tree, cfg.agent
-    return sample_trees(engine, env, [prompt_ids(tokenizer, q.question) for q in questions], M=t.M, N=t.N, L=t.L,
+    return sample_trees(engine, env, [env.prompt_ids(q.question) for q in questions], M=t.M, N=t.N, L=t.L,
                         node_rule=t.node_rule, rng=random.Random(seed), sampling=Sampling(a.temperature, a.top_p, seed),
                         max_step_tokens=a.max_step_tokens, max_context_tokens=a.max_context_tokens)
 
@@ -188,10 +191,12 @@ def _set_seed(seed: int) -> None:
 class Trainer:
     """Owns the policy, optimiser, schedule, data position and checkpoints of one run."""
 
-    def __init__(self, cfg: Config, policy: TrainablePolicy, tokenizer: Any, env: SearchEnv,
+    def __init__(self, cfg: Config, policy: TrainablePolicy, tokenizer: Any, env: Environment,
                  questions: Sequence[Question], run_dir: str | Path, engine: Engine | None = None,
-                 parallel: Parallel | None = None) -> None:
+                 parallel: Parallel | None = None, reward_fn: Reward | None = None) -> None:
         self.cfg, self.policy, self.tokenizer, self.env = cfg, policy, tokenizer, env
+        self.reward_fn = reward_fn or make_reward(cfg)
+        """Scores each leaf (tg.agent.env.Reward); default: the config's task's (tg.agent.tasks.make_reward)."""
         self.questions = list(questions)
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -235,7 +240,7 @@ class Trainer:
         leds: list[Ledger] = []
         with self.par.rollout_context(self.policy):
             for i, k in enumerate(self.par.my_shards()):
-                part, stats = sample_batch(self.engine, self.env, self.tokenizer, questions[i * per:(i + 1) * per],
+                part, stats = sample_batch(self.engine, self.env, questions[i * per:(i + 1) * per],
                                            self.cfg, shard_seed(rollout_seed(self.cfg.optim.seed, step), k))
                 for t in (t for ts in part for t in ts):
                     t.question += i * per  # the question's index among this rank's questions
@@ -363,8 +368,7 @@ class Trainer:
             raise NonFiniteError(f"step {s + 1}: rollout failed: {err}; no checkpoint written") from err
         flat = [t for ts in trees for t in ts]
         t1 = time.perf_counter()
-        sc = leaf_rewards(flat, [q.golden_answers for q in questions], self.cfg.agent.reward,
-                          self.cfg.agent.format_penalty)
+        sc = leaf_rewards(flat, [q.golden_answers for q in questions], self.reward_fn)
         mode = "chain" if self.cfg.tree.is_chain else o.advantage
         adv = tree_grpo_parts(torch.tensor(sc["reward"], dtype=torch.float64), torch.tensor(sc["tree"]),
                               torch.tensor(sc["prompt"]), mode=mode, eps=o.adv_eps, unbiased=o.adv_unbiased_std,

@@ -16,6 +16,7 @@ import numpy as np
 
 from tg.agent.data import is_single_hop
 from tg.agent.policy import load_policy
+from tg.agent.tasks import make_reward
 from tg.agent.world import resolve
 from tg.config import Config
 from tg.engines.engine import HFEngine
@@ -36,11 +37,10 @@ def chain_batch(model: Any, tok: Any, res: Resources, cfg: Config, n_questions: 
     """`group` sampled chains (training temperature) for the first `n_questions` multi-hop test questions,
     one line per chain: its searches, its answer and its reward (the GRPO baseline's rollout)."""
     questions = res.test_sets(cfg)[1][:n_questions]
-    a = cfg.agent
-    trees, _ = sample_batch(HFEngine(model, tok), res.env(tok, cfg), tok, questions,
+    trees, _ = sample_batch(HFEngine(model, tok), res.env(tok, cfg), questions,
                             cfg.replace(tree=dict(M=group, N=0, L=0)), cfg.optim.seed)
     flat = [t for ts in trees for t in ts]
-    leaf_rewards(flat, [q.golden_answers for q in questions], a.reward, a.format_penalty)
+    leaf_rewards(flat, [q.golden_answers for q in questions], make_reward(cfg))
     lines = []
     for q, ts in zip(questions, trees):
         lines.append(f"Q: {q.question}   gold: {q.golden_answers[0]}")

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 
 from tg.agent.data import Question, is_single_hop
-from tg.agent.env import SearchEnv
+from tg.agent.env import Environment
 from tg.agent.policy import load_policy
 from tg.agent.protocol import prompt_ids
 from tg.agent.world import resolve
@@ -42,7 +42,7 @@ class Lesson:
     res: Resources | None = None
     model: Any = None
     tok: Any = None
-    env: SearchEnv | None = None
+    env: Environment | None = None
     engine: HFEngine | None = None
 
     @property

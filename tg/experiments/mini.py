@@ -287,7 +287,7 @@ def ledger_columns(cfg: Config, n_questions: int = 16) -> dict:
     res = load_resources(cfg)
     model, tok = load_policy(res.policy_path)
     questions = res.train_set(cfg)[:n_questions]
-    trees, stats = sample_batch(HFEngine(model, tok, prefix_reuse=cfg.tree.prefix_reuse), res.env(tok, cfg), tok,
+    trees, stats = sample_batch(HFEngine(model, tok, prefix_reuse=cfg.tree.prefix_reuse), res.env(tok, cfg),
                                 questions, cfg, rollout_seed(cfg.optim.seed, 0))
     total = Ledger.total(ledgers(trees, stats))
     return {**{f"{k}_per_q": round(v, 2) for k, v in total.per(len(questions)).items()},
