@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from tg.agent.env import SearchEnv
+from tg.agent.env import Environment
 from tg.agent.protocol import Step, Trajectory
 from tg.engines.engine import Engine, Sampling
 from tg.engines.kvcache import PrefixStore
@@ -180,7 +180,7 @@ class RolloutStats:
     seconds: float
 
 
-def sample_trees(engine: Engine, env: SearchEnv, prompts: Sequence[list[int]], *, M: int, N: int, L: int,
+def sample_trees(engine: Engine, env: Environment, prompts: Sequence[list[int]], *, M: int, N: int, L: int,
                  sampling: Sampling, rng: random.Random, node_rule: str = "paper", max_step_tokens: int = 500,
                  max_context_tokens: int = 4096) -> tuple[list[list[Tree]], RolloutStats]:
     """Initialize-then-expand for a batch of prompts; returns M trees per prompt and engine accounting.
