@@ -35,7 +35,7 @@ def tok(random_policy):
 
 def _out(tok, text: str, finish: str = "stop") -> GenOut:
     ids = tok.encode(text, add_special_tokens=False)
-    return GenOut(ids, [-1.0] * len(ids), finish)
+    return GenOut(ids, [-1.0] * len(ids), finish, [0.5 + 0.1 * k for k in range(len(ids))])
 
 
 def _ids(tok, tokens: list[str]) -> list[int]:
@@ -57,6 +57,7 @@ def test_a_tool_call_observes_its_value_exactly_and_the_episode_goes_on(tok):
     out = _out(tok, "<think> x </think> <search> 1 2 - 7 </search>")
     [step] = env.observe([out], [0])
     assert step.gen_ids == out.ids and step.finish == "stop" and step.logprobs == out.logprobs
+    assert step.entropies == out.entropies and step.mean_entropy > 0.5     # the entropy rule can read it
     assert step.obs_ids == _ids(tok, ["\n", "\n", "<information>", "5", "</information>", "\n", "\n"])
     assert step.action.kind == "search" and step.action.argument == "1 2 - 7" and step.is_search
     assert not step.ends_episode and step.mask == [1] * len(out.ids) + [0] * 7

@@ -24,7 +24,7 @@ import re
 from typing import Any, Callable, Sequence
 
 from tg.agent.data import Question
-from tg.agent.env import encode_observation, episode_ends
+from tg.agent.env import encode_observation, episode_ends, generated_step
 from tg.agent.protocol import Action, Step, parse_action, user_turn_ids
 from tg.engines.engine import GenOut
 from tg.reward import extract_answer, is_valid_format
@@ -161,6 +161,5 @@ class CalculatorEnv:
                 obs = encode_observation(self.tokenizer, calculator_observation(action.argument), self.max_obs_tokens)
             else:
                 obs, action = self._invalid_ids, Action("invalid", action.argument)
-            steps.append(Step(gen_ids=list(o.ids), obs_ids=obs, action=action, ends_episode=end, finish=o.finish,
-                              text=text, logprobs=list(o.logprobs)))
+            steps.append(generated_step(o, text, action, obs, end))
         return steps

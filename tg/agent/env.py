@@ -70,6 +70,15 @@ def episode_ends(action: Action, out: GenOut, turn: int, max_turns: int) -> bool
     return action.kind == "answer" or out.finish == "eos" or turn >= max_turns
 
 
+def generated_step(out: GenOut, text: str, action: Action, obs_ids: Sequence[int], ends_episode: bool,
+                   docs: Sequence[str] = ()) -> Step:
+    """The `Step` of one generated step: what the engine reported (ids exactly as sampled, finish, log-probs,
+    entropies) with the environment's decoded text, parsed action, observation ids and episode end."""
+    return Step(gen_ids=list(out.ids), obs_ids=list(obs_ids), action=action, ends_episode=ends_episode,
+                finish=out.finish, text=text, logprobs=list(out.logprobs), docs=list(docs),
+                entropies=list(out.entropies))
+
+
 def encode_observation(tokenizer: Any, text: str, max_tokens: int) -> list[int]:
     """An observation's ids: `text` encoded without special tokens, its first `max_tokens` kept."""
     return list(tokenizer.encode(text, add_special_tokens=False))[:max_tokens]
@@ -104,7 +113,5 @@ class SearchEnv:
                 obs = encode_observation(self.tokenizer, format_observation(found[i]), self.max_obs_tokens)
             else:
                 obs, a = self._invalid_ids, Action("invalid", a.argument)
-            steps.append(Step(gen_ids=list(o.ids), obs_ids=list(obs), action=a, ends_episode=end, finish=o.finish,
-                              text=text, logprobs=list(o.logprobs), docs=[d["title"] for d in found.get(i, [])],
-                              entropies=list(o.entropies)))
+            steps.append(generated_step(o, text, a, obs, end, [d["title"] for d in found.get(i, [])]))
         return steps
