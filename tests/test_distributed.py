@@ -84,7 +84,11 @@ def _launch(jobs: list[dict], out: Path) -> list[int]:
         p.start()
     for p in procs:
         p.join(timeout=300)
-    return [p.exitcode for p in procs]
+    codes = [p.exitcode for p in procs]
+    for p in procs:                                                          # a hung rank is reported as None
+        if p.is_alive():
+            p.kill()
+    return codes
 
 
 def _single(finetune: str, run_dir: Path, resume: bool = False) -> tuple[dict, list[dict]]:

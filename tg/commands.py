@@ -36,22 +36,22 @@ def train(cfg: Config, run_dir: Path | None, resume: bool, preflight: bool = Tru
     (tg.gpu.distributed): rank 0 alone prints, locks, checks and writes."""
     from tg.gpu.preflight import format_report, static_checks
     par = start(cfg)
-    try:
-        checked, shape = preflight and cfg.model.name_or_path != "tiny", None
-        if checked:
-            checks, shape = static_checks(cfg, gpus=par.world)
-            if par.is_main:
-                print(format_report(checks), flush=True)
-            if any(c.failed for c in checks):
-                return None
-        run_dir = Path(run_dir or default_run_dir(cfg))
-        with run_lock(run_dir) if par.is_main else contextlib.nullcontext():
-            if par.is_main:
-                check_run_dir(run_dir, cfg, resume, overwrite)
-            par.barrier()  # the other ranks start once rank 0 has checked (and, with --overwrite, cleared) it
-            return _train_in(cfg, run_dir, resume, shape, par, report_to)
-    finally:
-        par.close()
+    checked, shape = preflight and cfg.model.name_or_path != "tiny", None
+    if checked:
+        checks, shape = static_checks(cfg, gpus=par.world)
+        if par.is_main:
+            print(format_report(checks), flush=True)
+        if any(c.failed for c in checks):
+            par.close()
+            return None
+    run_dir = Path(run_dir or default_run_dir(cfg))
+    with run_lock(run_dir) if par.is_main else contextlib.nullcontext():
+        if par.is_main:
+            check_run_dir(run_dir, cfg, resume, overwrite)
+        par.barrier()  # the other ranks start once rank 0 has checked (and, with --overwrite, cleared) it
+        row = _train_in(cfg, run_dir, resume, shape, par, report_to)
+    par.close()  # only after success: after an error the other ranks may be gone, and this process exits
+    return row
 
 
 def _train_in(cfg: Config, run_dir: Path, resume: bool, shape: ModelShape | None, par: Parallel,

@@ -161,7 +161,8 @@ class Parallel:
         return self.gather(rng_state())
 
     def close(self) -> None:
-        """Leave the process group (nothing to leave in one process)."""
+        """Leave the process group after a run that ended well on every rank (nothing to leave in one process).
+        After a failure, do not call it: the other ranks may be gone; the process just exits."""
 
 
 class DataParallel(Parallel):
@@ -205,7 +206,10 @@ class DataParallel(Parallel):
         return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
     def close(self) -> None:
+        """Every rank arrives before any leaves: a rank that tears the group down while another still holds
+        its connections can leave that one hanging in its own teardown (gloo and NCCL alike)."""
         if torch.distributed.is_initialized():
+            self.barrier()
             torch.distributed.destroy_process_group()
 
 
