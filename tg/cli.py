@@ -173,8 +173,8 @@ def _add_data_and_retriever(sub: Any) -> list[argparse.ArgumentParser]:
 def _add_mini(sub: Any) -> None:
     m = sub.add_parser("mini", help="the paper's claims in miniature: named grids -> results/mini/<name>.csv")
     m.add_argument("action", choices=("list", "run", "report", "rerun"))
-    m.add_argument("experiment", nargs="?", help="budget, ledger, theory, shapes, ablation, sweep, branching (see `tg mini list`); "
-                                                 "rerun: a grid name or its CSV")
+    m.add_argument("experiment", nargs="?", help="budget, ledger, theory, shapes, ablation, sweep, branching "
+                                                 "(see `tg mini list`); rerun: a grid name or its CSV")
     m.add_argument("cell_seed", nargs="*", metavar="CELL SEED",
                    help="rerun: the cell and seed of a committed training row, e.g. multi-hop/hard/tree 0")
     m.add_argument("--steps", type=int, metavar="K", help="rerun: only the first K training steps")
