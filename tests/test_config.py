@@ -82,19 +82,18 @@ def test_eval_points_every_k_steps_and_at_the_end():
 
 
 def test_an_added_field_at_its_default_keeps_every_committed_hash():
-    """`optim.pack_trees` came after the first results/mini rows: at its ADDED_FIELDS value (False) it leaves
-    their config hashes alone; set (the cpu preset's default), it keys a different run."""
+    """`optim.pack_trees` came after the first committed rows: at its ADDED_FIELDS value (False) it leaves their
+    config hashes alone; set (the cpu preset's default), it keys a different run. results/demo.csv holds `make
+    demo` rows of both kinds, for the same two shapes."""
     import csv
 
     from tg.agent.world import REPO_ROOT
-    from tg.experiments import mini
-    rows = list(csv.DictReader((REPO_ROOT / "results" / "mini" / "shapes.csv").open()))
-    cells = {c.name: c for c in mini.experiments()["shapes"]}
-    for r in rows[:6]:
-        unpacked = mini.cell_config(cells[r["cell"]], int(r["seed"])).replace(optim=dict(pack_trees=False))
-        assert unpacked.hash() == r["config_hash"]
-    c = load_config("cpu")
-    assert c.optim.pack_trees and c.replace(optim=dict(pack_trees=False)).hash() != c.hash()
+    hashes = {r["config_hash"] for r in csv.DictReader((REPO_ROOT / "results" / "demo.csv").open())}
+    for shape in (dict(M=4, N=0, L=0), dict(M=2, N=2, L=1)):
+        c = load_config("cpu").replace(tree=shape)
+        unpacked = c.replace(optim=dict(pack_trees=False))
+        assert c.optim.pack_trees and unpacked.hash() != c.hash()
+        assert {unpacked.hash(), c.hash()} <= hashes
 
 
 @pytest.mark.parametrize("override, shown, allowed", [
