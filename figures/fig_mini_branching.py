@@ -61,6 +61,8 @@ def draw(root: Path):
         bottom.set_ylabel("generated tokens per training question")
         twin.set_ylabel("searches per multi-hop test question")
         bottom.set_title("the budget each cell spent (mean over training) and its searches at the end", fontsize=9)
+        bottom.set_ylim(0, 1.3 * spent["generated_per_q"].max())   # headroom: the legends sit above the bars
+        twin.set_ylim(0, 1.3 * spent["calls_multi"].max())
         bottom.legend(loc="upper left", fontsize=7.5)
         twin.legend(loc="upper right", fontsize=7.5)
     fig.suptitle("Where to branch at equal budget (≈4 chain-equivalents): beyond the paper, tg's miniature only",
