@@ -70,6 +70,28 @@ def test_a_difference_of_differences_pairs_seed_by_seed():
     assert both.label() == "(tree − chain, multi-hop EM) − (tree − chain, single-hop EM) (> 0)"
 
 
+def test_the_branching_family_is_its_own_and_says_in_words_what_it_decided():
+    """Holm runs over the six branching comparisons alone; the table's note names what was decided, or says
+    that nothing was."""
+    grids = mini.experiments()
+    for comp in claims.BRANCHING:
+        names = {c.name for c in grids["branching"]}
+        assert {f"{comp.setting}/{comp.regime}/{c}" for c in (comp.cell, comp.reference)} <= names, comp
+    assert not set(claims.BRANCHING) & set(claims.FAMILY) and len(claims.BRANCHING) == 6
+    flat = {"chain": [10, 12, 14, 11, 13], "chain+steps": [11, 11, 15, 10, 13], "tree": [11, 11, 15, 10, 13],
+            "tree-entropy": [10, 12, 14, 11, 13]}
+    rows = pd.concat([_rows(flat, regime=r) for r in ("hard", "moderate")])
+    text = claims.branching_table({"branching": rows})
+    assert text.count("| not shown |") == 6 and "None of the 6 tested comparisons differs" in text
+    up = [13, 15.5, 17, 14.5, 16]                                               # +3.2 over chain, sd 0.27
+    ahead = pd.concat([rows[~rows["cell"].isin(["multi-hop/hard/tree", "multi-hop/hard/tree-entropy"])],
+                       _rows({"tree": up, "tree-entropy": up}, regime="hard")])
+    [held] = [r for r in claims.evaluate({"branching": ahead}, claims.BRANCHING) if r.verdict != "not shown"]
+    assert (held.comparison.cell, held.comparison.regime, held.verdict) == ("tree", "hard", "holds")
+    assert held.p_holm == pytest.approx(min(1, 6 * held.test.p))
+    assert "1 of 6 decided: tree − chain, multi-hop EM (> 0) (hard) holds." in claims.branching_table({"branching": ahead})
+
+
 def test_ledger_and_theory_rules():
     def row(regime, seed, M, N, L, traj, gen, calls):
         return dict(regime=regime, seed=seed, M=M, N=N, L=L, trajectories_per_q=traj, generated_per_traj=gen,

@@ -242,11 +242,20 @@ def branching_table(frames: Mapping[str, pd.DataFrame]) -> str:
     """The branching experiment's verdicts: a row per comparison of `BRANCHING`, Holm over those six."""
     from tg.experiments.summary import markdown
     results = evaluate(frames, BRANCHING)
+    tested = [r for r in results if r.test is not None]
+    decided = [r for r in tested if r.verdict != "not shown"]
+    plainly = ""  # in words: which comparisons the rule decided, or that none differs
+    if decided:
+        plainly = f" {len(decided)} of {len(results)} decided: " + "; ".join(
+            f"{r.comparison.label()} ({r.comparison.regime}) {r.verdict}" for r in decided) + "."
+    elif tested:
+        plainly = (f" None of the {len(tested)} tested comparisons differs beyond what these seeds can tell from "
+                   "noise (\"not shown\" is not a shown absence).")
     return (markdown(["", "comparison (the side its method expects)", "start", "effect ± se", "95% CI", "seeds", "p",
                       "Holm p", "verdict"], [_comparison_row(r) for r in results])
             + f"\n\nEffect: cell minus reference at step {FINAL_STEP}, paired by seed, mean ± standard error; p: "
               f"two-sided paired t-test; Holm p: adjusted over these {len(results)} comparisons; verdicts at "
-              f"family-wise α = {ALPHA}.")
+              f"family-wise α = {ALPHA}.{plainly}")
 
 
 def claims_report(root: str | Path | None = None, short: bool = False) -> str:

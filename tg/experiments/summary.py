@@ -144,7 +144,7 @@ def _cell_table(df: pd.DataFrame, ref: str | Mapping[str, str] | None, cells: li
     against = ref or "reference"
     if isinstance(ref, Mapping):  # one reference cell for all (the quarter budget) is named; several are not
         refs = set(ref.values())
-        against = refs.pop() if len(refs) == 1 else "the chain of its budget"
+        against = refs.pop() if len(refs) == 1 else "its reference"  # the grid's caption names them
     paired = [f"{r.diff:+.1f} ± {r.diff_se:.1f} ({r.ahead:.0f}/{r.pairs:.0f} ahead)"
               if pd.notna(r.diff) and r.cell.rpartition("/")[2] != ref else "" for r in rows.itertuples()]
     return markdown(["cell", "step", "multi-hop EM (mean ± sd)", "seeds", f"- {against} (paired ± se)",
