@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from tg.config import ConfigError
-from tg.experiments import claims, mini, report
+from tg.experiments import claims, mini, report, summary
 
 REPO = Path(__file__).parents[1]
 
@@ -134,3 +134,14 @@ def test_report_readme_rewrites_the_blocks_in_place(tmp_path, capsys):
     with pytest.raises(ConfigError, match="BEGIN claims"):
         report.write_readmes(tmp_path)
     assert (tmp_path / "results" / "mini" / "README.md").read_text() == stale   # no file is half done
+
+
+def test_the_cost_table_gives_each_machine_kind_its_own_line():
+    def run(cell: str, seed: int, train_s: float, machine: str, reused_from: str | None = None) -> list[dict]:
+        return [{"cell": cell, "seed": seed, "step": step, "train_s": train_s * step / 60, "machine": machine,
+                 "reused_from": reused_from} for step in (30, 60)]
+    df = pd.DataFrame(run("a", 0, 100.0, "Intel") + run("a", 1, 300.0, "AMD") + run("a", 2, 500.0, "AMD")
+                      + run("b", 0, 9999.0, "Intel", reused_from="budget"))
+    lines = summary.cost_table({"ablation": df}).splitlines()
+    assert lines[2:] == ["| ablation | Intel | 1 | 0.0 | 100 | 100-100 |",
+                         "| ablation | AMD | 2 | 0.2 | 400 | 300-500 |"]

@@ -154,9 +154,9 @@ def _cell_table(df: pd.DataFrame, ref: str | Mapping[str, str] | None, cells: li
 
 
 def cost_table(frames: Mapping[str, pd.DataFrame]) -> str:
-    """Per training grid (`frames`: name -> rows): the runs it trained itself (rows of a run's last step not
-    copied from another grid), their training step time (`train_s`: rollout, log-prob and update seconds) in
-    all, and per run (median, range)."""
+    """Per training grid (`frames`: name -> rows) and machine kind: the runs it trained itself (rows of a run's
+    last step not copied from another grid), their training step time (`train_s`: rollout, log-prob and update
+    seconds) in all, and per run (median, range). Machine kinds differ in speed, so each has its own line."""
     rows = []
     for name, df in frames.items():
         if "train_s" not in df:
@@ -164,9 +164,13 @@ def cost_table(frames: Mapping[str, pd.DataFrame]) -> str:
         own = df[df["step"] > 0]
         own = own[own["step"] == own.groupby(["cell", "seed"])["step"].transform("max")]
         own = own[own["reused_from"].isna()] if "reused_from" in own else own
-        s = own["train_s"].astype(float)
-        rows.append([name, str(len(s)), f"{s.sum() / 3600:.1f}", f"{s.median():.0f}", f"{s.min():.0f}-{s.max():.0f}"])
-    return markdown(["grid", "runs trained", "step time, hours in all", "per run, median s", "per run, range s"], rows)
+        kinds = own["machine"].fillna("not recorded") if "machine" in own else pd.Series("not recorded", index=own.index)
+        for kind, part in own.groupby(kinds, sort=False):
+            s = part["train_s"].astype(float)
+            rows.append([name, str(kind), str(len(s)), f"{s.sum() / 3600:.1f}", f"{s.median():.0f}",
+                         f"{s.min():.0f}-{s.max():.0f}"])
+    return markdown(["grid", "machine", "runs trained", "step time, hours in all", "per run, median s",
+                     "per run, range s"], rows)
 
 
 def last_demo_run(df: pd.DataFrame) -> pd.DataFrame:
