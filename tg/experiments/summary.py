@@ -164,7 +164,8 @@ def cost_table(frames: Mapping[str, pd.DataFrame]) -> str:
         own = df[df["step"] > 0]
         own = own[own["step"] == own.groupby(["cell", "seed"])["step"].transform("max")]
         own = own[own["reused_from"].isna()] if "reused_from" in own else own
-        kinds = own["machine"].fillna("not recorded") if "machine" in own else pd.Series("not recorded", index=own.index)
+        kinds = own["machine"] if "machine" in own else pd.Series(None, index=own.index, dtype=object)
+        kinds = kinds.fillna("not recorded")
         for kind, part in own.groupby(kinds, sort=False):
             s = part["train_s"].astype(float)
             rows.append([name, str(kind), str(len(s)), f"{s.sum() / 3600:.1f}", f"{s.median():.0f}",
