@@ -73,9 +73,8 @@ def test_a_difference_of_differences_pairs_seed_by_seed():
 def test_the_branching_family_is_its_own_and_says_in_words_what_it_decided():
     """Holm runs over the six branching comparisons alone; the table's note names what was decided, or says
     that nothing was."""
-    grids = mini.experiments()
+    names = {c.name for c in mini.experiments()["branching"]}
     for comp in claims.BRANCHING:
-        names = {c.name for c in grids["branching"]}
         assert {f"{comp.setting}/{comp.regime}/{c}" for c in (comp.cell, comp.reference)} <= names, comp
     assert not set(claims.BRANCHING) & set(claims.FAMILY) and len(claims.BRANCHING) == 6
     flat = {"chain": [10, 12, 14, 11, 13], "chain+steps": [11, 11, 15, 10, 13], "tree": [11, 11, 15, 10, 13],
