@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tg.config import ConfigError
 from tg.experiments.claims import branching_table, claims_report, load_frames
-from tg.experiments.summary import cost_table, report
+from tg.experiments.summary import cost_table, load_steps, report
 from tg.store.files import atomic_write_text
 
 GRIDS: dict[str, str] = {
@@ -51,7 +51,8 @@ def full_report(root: str | Path | None = None) -> str:
         parts += [f"### {name}", caption, table]
     parts += ["### Training cost", "Step time of the runs each grid trained itself (copied cells count where they "
               "ran), as logged by the runs on a shared 2-core host, two workers at a time; it includes the time a run "
-              "shared the cores with other jobs or was stopped.", cost_table(load_frames(root))]
+              "shared the cores with other jobs or was stopped. Evaluations, worker start-up and checkpoint writes come on top "
+              "(a start row's `eval_s` is one evaluation).", cost_table(load_frames(root), load_steps(root))]
     return "\n\n".join(parts)
 
 

@@ -153,11 +153,23 @@ def _cell_table(df: pd.DataFrame, ref: str | Mapping[str, str] | None, cells: li
                      for r, d in zip(rows.itertuples(), paired)])
 
 
-def cost_table(frames: Mapping[str, pd.DataFrame]) -> str:
+def load_steps(root: str | Path | None = None) -> dict[str, pd.DataFrame]:
+    """Each grid's committed per-step metrics (results/mini/steps/<grid>.csv), for the grids that have them."""
+    from tg.agent.world import resolve
+    folder = (Path(root) if root else resolve(".")) / "results" / "mini" / "steps"
+    return {p.stem: pd.read_csv(p) for p in sorted(folder.glob("*.csv"))}
+
+
+PIECES = ("rollout_s", "logprob_s", "update_s")
+"""The timed pieces of a training step (`tg.trainer.METRICS`); a row's `train_s` is their sum up to its step."""
+
+
+def cost_table(frames: Mapping[str, pd.DataFrame], steps: Mapping[str, pd.DataFrame] | None = None) -> str:
     """Per training grid (`frames`: name -> rows) and machine kind: the runs it trained itself (rows of a run's
     last step not copied from another grid), their training step time (`train_s`: rollout, log-prob and update
-    seconds) in all, and per run (median, range). Machine kinds differ in speed, so each has its own line."""
-    rows = []
+    seconds) in all, split into those pieces where the grid's per-step metrics are there (`steps`: name -> rows
+    of steps/<grid>.csv), and per run (median, range). Machine kinds differ in speed, so each has its own line."""
+    rows, steps = [], steps or {}
     for name, df in frames.items():
         if "train_s" not in df:
             continue
@@ -166,12 +178,16 @@ def cost_table(frames: Mapping[str, pd.DataFrame]) -> str:
         own = own[own["reused_from"].isna()] if "reused_from" in own else own
         kinds = own["machine"] if "machine" in own else pd.Series(None, index=own.index, dtype=object)
         kinds = kinds.fillna("not recorded")
-        for kind, part in own.groupby(kinds, sort=False):
-            s = part["train_s"].astype(float)
-            rows.append([name, str(kind), str(len(s)), f"{s.sum() / 3600:.1f}", f"{s.median():.0f}",
+        for kind, last in own.groupby(kinds, sort=False):
+            s = last["train_s"].astype(float)
+            split = "-"
+            if name in steps:
+                runs = steps[name].merge(last[["cell", "seed"]], on=["cell", "seed"])
+                split = " / ".join(f"{runs[c].sum() / 3600:.1f}" for c in PIECES)
+            rows.append([name, str(kind), str(len(s)), f"{s.sum() / 3600:.1f}", split, f"{s.median():.0f}",
                          f"{s.min():.0f}-{s.max():.0f}"])
-    return markdown(["grid", "machine", "runs trained", "step time, hours in all", "per run, median s",
-                     "per run, range s"], rows)
+    return markdown(["grid", "machine", "runs trained", "step time, hours in all",
+                     "rollout / log-probs / update, hours", "per run, median s", "per run, range s"], rows)
 
 
 def last_demo_run(df: pd.DataFrame) -> pd.DataFrame:
