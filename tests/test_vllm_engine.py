@@ -330,7 +330,7 @@ def test_qlora_trainer_is_served_its_dequantized_base(engine, policy, cfg, train
 def test_bf16_engine_agrees_with_the_bf16_trainer_within_its_tolerance(policy, cfg, finetune):
     """bf16 on both sides, as on a GPU (here vLLM's CPU kernels against transformers'): a non-trivial adapter
     over the base, log-probs of three prompts within SYNC_TOL['bfloat16']. Measured on the warmed-up cpu
-    policy (LoRA r=16, B ~ N(0, 0.02), 20 prompts of ~114 tokens, 2026-11-30): max |d logprob| 0.09-0.16
+    policy (LoRA r=16, B ~ N(0, 0.02), 20 prompts of ~114 tokens): max |d logprob| 0.09-0.16
     with LoRA, 0.17 with QLoRA; fp32 agrees to 7e-6."""
     from tg.agent.finetune import trainable_policy
     from tg.engines.vllm_engine import SYNC_TOL
