@@ -7,7 +7,6 @@ import dataclasses
 import random
 import re
 import shutil
-import time
 from typing import Any
 
 import pytest
@@ -163,9 +162,7 @@ def test_a_shortened_warm_up_learns_the_protocol(tmp_path) -> None:
     (tg/warmup.py) and needs more steps than two minutes allow at every seed measured. Thresholds below the
     weakest seed, so they hold on CPU kinds whose floats differ."""
     cfg = load_config("cpu", *SHORT_WARMUP)
-    t0 = time.perf_counter()
     path = build_warmup(cfg, tmp_path / "warmup", progress=False)
-    seconds = time.perf_counter() - t0
     run_cfg = cfg.replace(model=dict(name_or_path=str(path)))
     res = load_resources(run_cfg)
     single, _ = res.test_sets(run_cfg)
@@ -175,7 +172,6 @@ def test_a_shortened_warm_up_learns_the_protocol(tmp_path) -> None:
     assert len(single) == 150 and start_valid == 0.0 and start_em == 0.0
     assert valid >= 0.9, f"format-valid {valid:.3f} after a shortened warm-up (measured 1.0 at seeds 0-2)"
     assert em >= 0.02, f"held-out one-hop EM {em:.3f} after a shortened warm-up (measured 0.033-0.45 at seeds 0-2)"
-    assert seconds < 120
 
 
 # ---- the pinned starting policies ------------------------------------------------------------------
