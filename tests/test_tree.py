@@ -112,7 +112,7 @@ def test_paper_budget_formula():
 def test_tree_221_buys_six_trajectories_for_about_four_chains(cfg, make_env, train_questions):
     """The paper's equal-budget pair, measured with the warmed-up policy (docs/paper.md#budget): a (2,2,1) tree
     gives 6 trajectories per question and costs about 4 chains (generated + observation tokens).
-    Branches restart mid-episode, so the measured cost is below the formula's 4 (3.53 measured on the pinned moderate policy)."""
+    Branches restart mid-episode, so the measured cost is below the formula's 4 (3.53 measured)."""
     policy = load_policy(warmed_up_policy(cfg))
     qs = [q for q in train_questions if q.data_source.endswith("multi")][:16]
     tree, st_tree = _trees(policy, make_env, qs, 2, 2, 1)

@@ -237,6 +237,10 @@ def _eval_columns(result: Any) -> dict:
             "n_single": len(single), "n_multi": len(multi)}
 
 
+PIECES = ("rollout_s", "logprob_s", "update_s")
+"""The timed pieces of a training step (`tg.trainer.METRICS`); a row's `train_s` is their sum up to its step."""
+
+
 def _training_columns(metrics: list[dict]) -> dict:
     """Training-side means up to this point: reward (last 10 steps), the budget ledger per question, seconds."""
     if not metrics:
@@ -245,7 +249,7 @@ def _training_columns(metrics: list[dict]) -> dict:
     return {"train_reward": round(float(np.mean([m["reward"] for m in last])), 4),
             **{f"{k}_per_q": round(float(np.mean([m[k] for m in metrics])), 2)
                for k in ("trajectories", "generated", "tool_calls")},
-            "train_s": round(sum(m["rollout_s"] + m["logprob_s"] + m["update_s"] for m in metrics), 1)}
+            "train_s": round(sum(sum(m[k] for k in PIECES) for m in metrics), 1)}
 
 
 def run_job(job: Job, root: Path) -> Iterator[dict]:

@@ -11,11 +11,16 @@ import numpy as np
 import pandas as pd
 
 
+def mini_dir(root: str | Path | None = None) -> Path:
+    """results/mini/ under `root` (default: this checkout)."""
+    from tg.agent.world import resolve
+    return (Path(root) if root else resolve(".")) / "results" / "mini"
+
+
 def load_rows(name: str, root: str | Path | None = None) -> pd.DataFrame:
     """results/mini/<name>.csv as a DataFrame (ConfigError naming the command when it is missing)."""
-    from tg.agent.world import resolve
     from tg.config import ConfigError
-    path = (Path(root) if root else resolve(".")) / "results" / "mini" / f"{name}.csv"
+    path = mini_dir(root) / f"{name}.csv"
     if not path.exists():
         raise ConfigError(f"{path} does not exist: run `tg mini run {name}` first")
     return pd.read_csv(path)
@@ -155,13 +160,7 @@ def _cell_table(df: pd.DataFrame, ref: str | Mapping[str, str] | None, cells: li
 
 def load_steps(root: str | Path | None = None) -> dict[str, pd.DataFrame]:
     """Each grid's committed per-step metrics (results/mini/steps/<grid>.csv), for the grids that have them."""
-    from tg.agent.world import resolve
-    folder = (Path(root) if root else resolve(".")) / "results" / "mini" / "steps"
-    return {p.stem: pd.read_csv(p) for p in sorted(folder.glob("*.csv"))}
-
-
-PIECES = ("rollout_s", "logprob_s", "update_s")
-"""The timed pieces of a training step (`tg.trainer.METRICS`); a row's `train_s` is their sum up to its step."""
+    return {p.stem: pd.read_csv(p) for p in sorted((mini_dir(root) / "steps").glob("*.csv"))}
 
 
 def cost_table(frames: Mapping[str, pd.DataFrame], steps: Mapping[str, pd.DataFrame] | None = None) -> str:
@@ -169,6 +168,7 @@ def cost_table(frames: Mapping[str, pd.DataFrame], steps: Mapping[str, pd.DataFr
     last step not copied from another grid), their training step time (`train_s`: rollout, log-prob and update
     seconds) in all, split into those pieces where the grid's per-step metrics are there (`steps`: name -> rows
     of steps/<grid>.csv), and per run (median, range). Machine kinds differ in speed, so each has its own line."""
+    from tg.experiments.mini import PIECES
     rows, steps = [], steps or {}
     for name, df in frames.items():
         if "train_s" not in df:
