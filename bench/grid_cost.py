@@ -30,9 +30,9 @@ from _blocks import write_section
 
 from tg.experiments.mini import cell_config, experiments, regime_of
 from tg.pipeline import build_run, evaluate_model
+from tg.trainer import TIMERS
 
 GRIDS = ("budget", "shapes", "ablation", "sweep")
-PARTS = ("rollout_s", "logprob_s", "update_s")
 STARTUP = ("import time; t = time.perf_counter(); import tempfile; from tg.pipeline import build_run; "
            "from tg.experiments.mini import cell_config, experiments; c = [c for c in experiments()['budget'] "
            "if c.kind == 'train'][0]; build_run(cell_config(c, 0), tempfile.mkdtemp()); "
@@ -62,7 +62,7 @@ def time_group(cell_name: str, grids: tuple[str, ...], steps: int) -> dict[str, 
     cfg = cell_config(cell, 0)
     run = build_run(cfg.replace(optim=dict(steps=steps + 1, checkpoint_every=0)), tempfile.mkdtemp(prefix="tg-cost-"))
     rows = run.trainer.fit(progress=False)[1:]
-    out = {p: statistics.median(r[p] for r in rows) for p in PARTS}
+    out = {p: statistics.median(r[p] for r in rows) for p in TIMERS}
     t = time.perf_counter()
     run.trainer.save_checkpoint()
     out["checkpoint_s"] = time.perf_counter() - t
@@ -95,9 +95,9 @@ def main() -> None:
     pieces = defaultdict(float)
     for key, runs in sorted(groups.items(), key=lambda kv: kv[0]):
         t = time_group(runs[0][0], grids, args.steps)
-        step = sum(t[p] for p in PARTS)
+        step = sum(t[p] for p in TIMERS)
         run_s = steps * step + points * t["eval_s"] + steps // every * t["checkpoint_s"] + startup
-        for p in PARTS:
+        for p in TIMERS:
             pieces[p] += len(runs) * steps * t[p]
         pieces["eval_s"] += len(runs) * points * t["eval_s"]
         pieces["checkpoint_s"] += len(runs) * steps // every * t["checkpoint_s"]

@@ -22,8 +22,8 @@ from _blocks import write_section
 
 from tg.config import load_config
 from tg.pipeline import build_run
+from tg.trainer import TIMERS
 
-PARTS = ("rollout_s", "logprob_s", "update_s")
 RUNS = {"chain G=4": (dict(M=4, N=0, L=0), False), "tree (2,2,1)": (dict(M=2, N=2, L=1), False),
         "tree (2,2,1) packed": (dict(M=2, N=2, L=1), True)}
 """name: (tree shape, optim.pack_trees)."""
@@ -41,15 +41,15 @@ def main() -> None:
     for name, (shape, pack) in RUNS.items():
         run_cfg = cfg.replace(tree=shape, optim=dict(steps=args.steps, checkpoint_every=args.steps, pack_trees=pack))
         rows = build_run(run_cfg, tempfile.mkdtemp(prefix="tg-split-")).trainer.fit()[1:]
-        medians[name] = {p: statistics.median(r[p] for r in rows) for p in PARTS}
-        medians[name]["step_s"] = statistics.median(sum(r[p] for p in PARTS) for r in rows)
+        medians[name] = {p: statistics.median(r[p] for r in rows) for p in TIMERS}
+        medians[name]["step_s"] = statistics.median(sum(r[p] for p in TIMERS) for r in rows)
     chain = medians["chain G=4"]
     others = [n for n in medians if n != "chain G=4"]
     lines = [f"`bench/step_split.py --steps {args.steps} --threads {args.threads}`: medians of {args.steps - 1} steps "
              "after one untimed step.", "",
              f"| part | {' | '.join(medians)} | {' | '.join(f'{n} / chain' for n in others)} |",
              "|---" * (1 + len(medians) + len(others)) + "|"]
-    for part in (*PARTS, "step_s"):
+    for part in (*TIMERS, "step_s"):
         cells = [f"{m[part]:.2f} s" for m in medians.values()] + [f"{medians[n][part] / chain[part]:.2f}x" for n in others]
         lines.append(f"| {part} | {' | '.join(cells)} |")
     print("\n".join(lines))

@@ -81,6 +81,8 @@ METRICS: dict[str, str] = {
     "rollout_s": "rollout wall seconds", "logprob_s": "reference (and old, with several mini-batches) log-prob seconds",
     "update_s": "advantages + forward/backward + optimiser + engine sync seconds",
 }
+TIMERS = ("rollout_s", "logprob_s", "update_s")
+"""The timed pieces of a step (seconds, in `METRICS`); their sum is the step's training time."""
 
 logger = logging.getLogger(__name__)
 
@@ -395,7 +397,7 @@ class Trainer:
                 "adv_intra_std": float(adv.intra.std()), "adv_inter_std": float(adv.inter.std()),
                 **{k: stats[k] for k in ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm", "lr",
                                          "sync_maxdiff") if k in stats},
-                **{k: stats[k] for k in ("rollout_s", "logprob_s", "update_s")}}
+                **{k: stats[k] for k in TIMERS}}
 
     # ---- checkpoints --------------------------------------------------------------------------------
     @property

@@ -152,6 +152,12 @@ STEPS_KEY = "_steps"
 under this key; the parent writes them to `steps_path` (what `tg mini rerun` compares step by step)."""
 
 
+def mini_dir(root: str | Path | None = None) -> Path:
+    """results/mini/ under `root` (default: this checkout)."""
+    from tg.agent.world import resolve
+    return (Path(root) if root else resolve(".")) / "results" / "mini"
+
+
 def steps_path(path: Path) -> Path:
     """The per-step metrics beside a grid's CSV: results/mini/steps/<grid>.csv."""
     return path.parent / "steps" / path.name
@@ -237,19 +243,17 @@ def _eval_columns(result: Any) -> dict:
             "n_single": len(single), "n_multi": len(multi)}
 
 
-PIECES = ("rollout_s", "logprob_s", "update_s")
-"""The timed pieces of a training step (`tg.trainer.METRICS`); a row's `train_s` is their sum up to its step."""
-
-
 def _training_columns(metrics: list[dict]) -> dict:
-    """Training-side means up to this point: reward (last 10 steps), the budget ledger per question, seconds."""
+    """Training-side means up to this point: reward (last 10 steps), the budget ledger per question, seconds
+    (`train_s`: the step timers summed up to this point)."""
+    from tg.trainer import TIMERS
     if not metrics:
         return {}
     last = metrics[-10:]
     return {"train_reward": round(float(np.mean([m["reward"] for m in last])), 4),
             **{f"{k}_per_q": round(float(np.mean([m[k] for m in metrics])), 2)
                for k in ("trajectories", "generated", "tool_calls")},
-            "train_s": round(sum(sum(m[k] for k in PIECES) for m in metrics), 1)}
+            "train_s": round(sum(sum(m[k] for k in TIMERS) for m in metrics), 1)}
 
 
 def run_job(job: Job, root: Path) -> Iterator[dict]:
@@ -340,7 +344,7 @@ def run_experiment(name: str, workers: int = 2, root: str | Path | None = None,
     from tg.pipeline import load_resources
     cells = select_cells(name) if cells is None else cells
     root = Path(root) if root else resolve(".")
-    path = root / "results" / "mini" / f"{name}.csv"
+    path = mini_dir(root) / f"{name}.csv"
     reused = reuse_rows(cells, path)
     if reused:
         print(f"experiment {name}: {len(reused)} rows copied from identical configurations already run "

@@ -20,10 +20,9 @@ from typing import Callable
 
 from tg.agent.data import DataError
 from tg.config import ConfigError
-from tg.experiments.mini import Cell, cell_config, experiments, steps_path
-from tg.trainer import METRICS
+from tg.experiments.mini import Cell, cell_config, experiments, mini_dir, steps_path
+from tg.trainer import METRICS, TIMERS
 
-TIMERS = ("rollout_s", "logprob_s", "update_s")
 COMPARED_STEP = tuple(k for k in METRICS if k not in TIMERS and k != "step")
 """Per-step metrics compared: every one but the step number and the wall-clock timers."""
 COMPARED_EVAL = ("em_single", "em_multi", "calls_single", "calls_multi")
@@ -42,10 +41,9 @@ class Committed:
 
 def grid_csv(grid_or_csv: str, root: str | Path | None = None) -> Path:
     """A grid name (results/mini/<name>.csv under `root` or this checkout) or a CSV path."""
-    from tg.agent.world import resolve
     path = Path(grid_or_csv)
     if path.suffix != ".csv":
-        path = (Path(root) if root else resolve(".")) / "results" / "mini" / f"{grid_or_csv}.csv"
+        path = mini_dir(root) / f"{grid_or_csv}.csv"
     if not path.exists():
         raise DataError(f"{path}: no such grid file; name a grid of `tg mini list` or a results/mini/*.csv file")
     return path

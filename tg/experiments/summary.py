@@ -10,11 +10,7 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-
-def mini_dir(root: str | Path | None = None) -> Path:
-    """results/mini/ under `root` (default: this checkout)."""
-    from tg.agent.world import resolve
-    return (Path(root) if root else resolve(".")) / "results" / "mini"
+from tg.experiments.mini import mini_dir
 
 
 def load_rows(name: str, root: str | Path | None = None) -> pd.DataFrame:
@@ -168,7 +164,7 @@ def cost_table(frames: Mapping[str, pd.DataFrame], steps: Mapping[str, pd.DataFr
     last step not copied from another grid), their training step time (`train_s`: rollout, log-prob and update
     seconds) in all, split into those pieces where the grid's per-step metrics are there (`steps`: name -> rows
     of steps/<grid>.csv), and per run (median, range). Machine kinds differ in speed, so each has its own line."""
-    from tg.experiments.mini import PIECES
+    from tg.trainer import TIMERS
     rows, steps = [], steps or {}
     for name, df in frames.items():
         if "train_s" not in df:
@@ -183,7 +179,7 @@ def cost_table(frames: Mapping[str, pd.DataFrame], steps: Mapping[str, pd.DataFr
             split = "-"
             if name in steps:
                 runs = steps[name].merge(last[["cell", "seed"]], on=["cell", "seed"])
-                split = " / ".join(f"{runs[c].sum() / 3600:.1f}" for c in PIECES)
+                split = " / ".join(f"{runs[c].sum() / 3600:.1f}" for c in TIMERS)
             rows.append([name, str(kind), str(len(s)), f"{s.sum() / 3600:.1f}", split, f"{s.median():.0f}",
                          f"{s.min():.0f}-{s.max():.0f}"])
     return markdown(["grid", "machine", "runs trained", "step time, hours in all",
