@@ -4,13 +4,16 @@ vector ISA, recorded in it) every metric is equal to the last bit, so the sample
 are too; this is what keeps a refactor of the rollout or the update honest. On another kind float sums differ:
 the first rollout, sampled from the same pinned weights, still gives the committed token counts and rewards
 (a sampled token flips only when a draw falls within float noise of a boundary), and the first update's
-metrics agree to float precision."""
+metrics agree to float precision. The caller's torch thread count does not matter: the rerun trains with the
+grid's (`tg.experiments.mini.GRID_THREADS`), and the test calls it from a process set to another count."""
 
 import pytest
+import torch
 
 from tg.agent.warmup import machine
 from tg.agent.world import REPO_ROOT
 from tg.experiments import rerun
+from tg.experiments.mini import GRID_THREADS
 
 GRID = REPO_ROOT / "results" / "mini" / "budget.csv"
 CELL, SEED, STEPS = "multi-hop/moderate/tree", 0, 2
@@ -21,7 +24,13 @@ UPDATE = ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm")
 
 def test_the_first_steps_of_a_committed_run_come_out_as_committed(tmp_path):
     lines: list[str] = []
-    result = rerun.rerun(GRID, CELL, SEED, steps=STEPS, run_dir=tmp_path, out=lines.append)
+    before = torch.get_num_threads()
+    torch.set_num_threads(GRID_THREADS + 1)
+    try:
+        result = rerun.rerun(GRID, CELL, SEED, steps=STEPS, run_dir=tmp_path, out=lines.append)
+        assert torch.get_num_threads() == GRID_THREADS + 1  # the caller's count, restored
+    finally:
+        torch.set_num_threads(before)
     made_on = next(iter(result.committed.rows.values()))["machine"]
     assert [m["step"] for m in result.steps] == list(range(1, STEPS + 1))
     if made_on == machine():

@@ -21,6 +21,7 @@ import csv
 import multiprocessing as mp
 import signal
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -150,6 +151,23 @@ def describe(name: str | None = None) -> str:
 STEPS_KEY = "_steps"
 """A training row carries its run's per-step metrics (tg.trainer.METRICS) since the previous evaluation point
 under this key; the parent writes them to `steps_path` (what `tg mini rerun` compares step by step)."""
+
+
+GRID_THREADS = 1
+"""Torch threads a grid run trains with (two workers share two cores). The thread count changes float sums, so
+`tg mini rerun` trains with the same count: a row reruns exactly only with the threads that made it."""
+
+
+@contextmanager
+def grid_threads() -> Iterator[None]:
+    """Train with `GRID_THREADS` torch threads inside the block, then restore the caller's count."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(GRID_THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def mini_dir(root: str | Path | None = None) -> Path:
@@ -324,15 +342,14 @@ def _job_weight(job: Job) -> int:
 
 
 def _worker(jobs: Any, out: Any, root: str) -> None:
-    import torch
-    torch.set_num_threads(1)
-    while (job := jobs.get()) is not None:
-        try:
-            for row in run_job(job, Path(root)):
-                out.put(("row", job, row))
-        except Exception as err:  # reported by the parent; the other jobs go on
-            out.put(("error", job, f"{type(err).__name__}: {err}"))
-        out.put(("done", job, None))
+    with grid_threads():
+        while (job := jobs.get()) is not None:
+            try:
+                for row in run_job(job, Path(root)):
+                    out.put(("row", job, row))
+            except Exception as err:  # reported by the parent; the other jobs go on
+                out.put(("error", job, f"{type(err).__name__}: {err}"))
+            out.put(("done", job, None))
 
 
 def run_experiment(name: str, workers: int = 2, root: str | Path | None = None,
@@ -388,10 +405,11 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
 
 
 def _inline(jobs: list[Job], root: Path) -> Iterator[tuple[str, Job, Any]]:
-    for job in jobs:
-        for row in run_job(job, root):
-            yield "row", job, row
-        yield "done", job, None
+    with grid_threads():
+        for job in jobs:
+            for row in run_job(job, root):
+                yield "row", job, row
+            yield "done", job, None
 
 
 def _collect(events: Any, path: Path, bar: Any, errors: list[str], n_jobs: int | None = None) -> None:

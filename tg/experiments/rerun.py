@@ -20,7 +20,7 @@ from typing import Callable
 
 from tg.agent.data import DataError
 from tg.config import ConfigError
-from tg.experiments.mini import Cell, cell_config, experiments, mini_dir, steps_path
+from tg.experiments.mini import Cell, cell_config, experiments, grid_threads, mini_dir, steps_path
 from tg.trainer import METRICS, TIMERS
 
 COMPARED_STEP = tuple(k for k in METRICS if k not in TIMERS and k != "step")
@@ -116,21 +116,22 @@ def rerun(path: Path, cell_name: str, seed: int, steps: int | None = None, run_d
     out("| step | reward committed | reward now | grad_norm committed | grad_norm now | metrics equal |")
     out("|---|---|---|---|---|---|")
     equal, done, metrics = True, 0, []
-    for p in points:
-        metrics = run.trainer.fit(steps=p, resume=done > 0, progress=False)
-        for m in metrics[done:]:
-            ref = c.steps.get(m["step"], {})
-            differ = [k for k in COMPARED_STEP if k in m and not _same(ref.get(k, ""), m[k])]
-            equal &= not differ
-            out(f"| {m['step']} | {ref.get('reward', '-')} | {m['reward']!r} | {ref.get('grad_norm', '-')} "
-                f"| {m['grad_norm']!r} | {'yes' if not differ else 'no: ' + ', '.join(differ)} |")
-        done = p
-        if p in c.rows:
-            now = _eval_columns(evaluate_model(run.trainer.policy.model, run.tokenizer, run.resources, cfg,
-                                               progress=False))
-            pairs = ", ".join(f"{k} {c.rows[p][k]} -> {now[k]}" for k in COMPARED_EVAL)
-            same = all(_same(c.rows[p][k], now[k]) for k in COMPARED_EVAL)
-            equal &= same
-            out(f"evaluation at step {p} (committed -> now): {pairs}: {'equal' if same else 'DIFFERENT'}")
+    with grid_threads():  # the grid's thread count: another sums floats in another order
+        for p in points:
+            metrics = run.trainer.fit(steps=p, resume=done > 0, progress=False)
+            for m in metrics[done:]:
+                ref = c.steps.get(m["step"], {})
+                differ = [k for k in COMPARED_STEP if k in m and not _same(ref.get(k, ""), m[k])]
+                equal &= not differ
+                out(f"| {m['step']} | {ref.get('reward', '-')} | {m['reward']!r} | {ref.get('grad_norm', '-')} "
+                    f"| {m['grad_norm']!r} | {'yes' if not differ else 'no: ' + ', '.join(differ)} |")
+            done = p
+            if p in c.rows:
+                now = _eval_columns(evaluate_model(run.trainer.policy.model, run.tokenizer, run.resources, cfg,
+                                                   progress=False))
+                pairs = ", ".join(f"{k} {c.rows[p][k]} -> {now[k]}" for k in COMPARED_EVAL)
+                same = all(_same(c.rows[p][k], now[k]) for k in COMPARED_EVAL)
+                equal &= same
+                out(f"evaluation at step {p} (committed -> now): {pairs}: {'equal' if same else 'DIFFERENT'}")
     out(f"{'identical' if equal else 'not identical'} to the committed values")
     return Rerun(equal, metrics, c)
