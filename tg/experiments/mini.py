@@ -21,7 +21,6 @@ import csv
 import multiprocessing as mp
 import signal
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -156,18 +155,6 @@ under this key; the parent writes them to `steps_path` (what `tg mini rerun` com
 GRID_THREADS = 1
 """Torch threads a grid run trains with (two workers share two cores). The thread count changes float sums, so
 `tg mini rerun` trains with the same count: a row reruns exactly only with the threads that made it."""
-
-
-@contextmanager
-def grid_threads() -> Iterator[None]:
-    """Train with `GRID_THREADS` torch threads inside the block, then restore the caller's count."""
-    import torch
-    before = torch.get_num_threads()
-    torch.set_num_threads(GRID_THREADS)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def mini_dir(root: str | Path | None = None) -> Path:
@@ -342,7 +329,8 @@ def _job_weight(job: Job) -> int:
 
 
 def _worker(jobs: Any, out: Any, root: str) -> None:
-    with grid_threads():
+    from tg.agent.warmup import torch_threads
+    with torch_threads(GRID_THREADS):
         while (job := jobs.get()) is not None:
             try:
                 for row in run_job(job, Path(root)):
@@ -405,7 +393,8 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
 
 
 def _inline(jobs: list[Job], root: Path) -> Iterator[tuple[str, Job, Any]]:
-    with grid_threads():
+    from tg.agent.warmup import torch_threads
+    with torch_threads(GRID_THREADS):
         for job in jobs:
             for row in run_job(job, root):
                 yield "row", job, row

@@ -20,7 +20,7 @@ from typing import Callable
 
 from tg.agent.data import DataError
 from tg.config import ConfigError
-from tg.experiments.mini import Cell, cell_config, experiments, grid_threads, mini_dir, steps_path
+from tg.experiments.mini import GRID_THREADS, Cell, cell_config, experiments, mini_dir, steps_path
 from tg.trainer import METRICS, TIMERS
 
 COMPARED_STEP = tuple(k for k in METRICS if k not in TIMERS and k != "step")
@@ -109,14 +109,14 @@ def rerun(path: Path, cell_name: str, seed: int, steps: int | None = None, run_d
         raise DataError(f"{steps_path(c.path)}: no per-step metrics of {c.cell.name} seed {seed} to compare with")
     points = sorted({p for p in c.cell.points if steps is None or p <= steps} | ({steps} if steps else set()))
     run = build_run(cfg, run_dir or tempfile.mkdtemp(prefix="tg-rerun-"))
-    from tg.agent.warmup import machine
+    from tg.agent.warmup import machine, torch_threads
     made_on = next(iter(c.rows.values())).get("machine") or "an unrecorded machine"
     out(f"rerun of {c.path} {c.cell.name} seed {seed} (config {made}) in {run.trainer.run_dir}")
     out(f"committed on {made_on}; now on {machine()}")
     out("| step | reward committed | reward now | grad_norm committed | grad_norm now | metrics equal |")
     out("|---|---|---|---|---|---|")
     equal, done, metrics = True, 0, []
-    with grid_threads():  # the grid's thread count: another sums floats in another order
+    with torch_threads(GRID_THREADS):  # the grid's thread count: another sums floats in another order
         for p in points:
             metrics = run.trainer.fit(steps=p, resume=done > 0, progress=False)
             for m in metrics[done:]:
