@@ -43,6 +43,27 @@ def test_packed_logits_equal_per_row_logits(seed):
     assert sum(len(pack_rows(g).ids) for g in groups) < sum(len(r) for g in groups for r in g)
 
 
+def test_the_additive_mask_gives_the_boolean_masks_logits_and_gradients_to_the_last_bit():
+    """packed_row_logits makes the tree mask additive once per forward instead of SDPA once per layer."""
+    rng = random.Random(5)
+    torch.manual_seed(5)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=40, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                         num_key_value_heads=1, intermediate_size=128))
+    groups = [_tree_rows(rng) for _ in range(3)]
+    batch = pack_batch(groups, max(len(r) for g in groups for r in g))
+    grads = []
+    for logits in (lambda: packed_row_logits(model, batch),
+                   lambda: model(input_ids=batch.ids, attention_mask=batch.visible[:, None],
+                                 position_ids=batch.pos).logits.flatten(0, 1)[batch.where]):
+        model.zero_grad()
+        out = logits()
+        out.square().mean().backward()
+        grads.append((out.detach(), [p.grad.clone() for p in model.parameters()]))
+    (additive, g_add), (boolean, g_bool) = grads
+    assert torch.equal(additive, boolean)
+    assert all(torch.equal(a, b) for a, b in zip(g_add, g_bool))
+
+
 def test_pack_rows_types_and_a_single_row():
     p = pack_rows([[4, 5, 6]])
     assert (p.ids.dtype, p.pos.dtype, p.where.dtype, p.visible.dtype) == (torch.long,) * 3 + (torch.bool,)

@@ -48,7 +48,7 @@ def pack_rows(rows: Sequence[Sequence[int]], width: int | None = None) -> Packed
     pos: list[int] = []
     parent: list[int] = []
     width = max(map(len, rows)) if width is None else width
-    where = torch.zeros(len(rows), width, dtype=torch.long)
+    where = [[0] * width for _ in rows]  # a list, filled per token, made a tensor once (cheaper by far)
     for r, row in enumerate(rows):
         prev = -1
         for t, tok in enumerate(row):
@@ -59,13 +59,13 @@ def pack_rows(rows: Sequence[Sequence[int]], width: int | None = None) -> Packed
                 pos.append(t)
                 parent.append(prev)
             prev = node[key]
-            where[r, t] = prev
+            where[r][t] = prev
     visible = torch.zeros(len(ids), len(ids), dtype=torch.bool)
     for i, p in enumerate(parent):
         if p >= 0:
             visible[i] = visible[p]
         visible[i, i] = True
-    return Packed(torch.tensor(ids), torch.tensor(pos), visible, where)
+    return Packed(torch.tensor(ids), torch.tensor(pos), visible, torch.tensor(where, dtype=torch.long))
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,9 @@ def pack_batch(groups: Sequence[Sequence[Sequence[int]]], width: int, pad_id: in
 
 def packed_row_logits(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
     """[R, width, V] logits of the packed rows, in group order, from one forward over the batch."""
-    dev = next(model.parameters()).device
-    logits = model(input_ids=batch.ids.to(dev), attention_mask=batch.visible[:, None].to(dev),
-                   position_ids=batch.pos.to(dev)).logits
+    first = next(p for p in model.parameters() if p.is_floating_point())  # the embedding: the activations' dtype
+    dev, visible = first.device, batch.visible[:, None].to(first.device)
+    # the mask made additive once (0 visible, -inf not), as SDPA would remake a boolean one in every layer
+    mask = torch.zeros(visible.shape, dtype=first.dtype, device=dev).masked_fill_(~visible, float("-inf"))
+    logits = model(input_ids=batch.ids.to(dev), attention_mask=mask, position_ids=batch.pos.to(dev)).logits
     return logits.flatten(0, 1)[batch.where.to(dev)]
