@@ -48,6 +48,7 @@ from tg.budget import Ledger, ledgers
 from tg.config import Config
 from tg.engines.engine import Engine, HFEngine, Sampling
 from tg.loss import entropy_from_logits, grpo_loss, token_logprobs
+from tg.memory import keep_freed_memory
 from tg.packing import PackedBatch, pack_batch, packed_row_logits
 from tg.store.files import atomic_write_text
 from tg.gpu.distributed import (Parallel, failures_as_rank_lost, gather_step, minibatch_of, set_rng_state, shard_seed,
@@ -197,6 +198,7 @@ class Trainer:
                  questions: Sequence[Question], run_dir: str | Path, engine: Engine | None = None,
                  parallel: Parallel | None = None, reward_fn: Reward | None = None) -> None:
         self.cfg, self.policy, self.tokenizer, self.env = cfg, policy, tokenizer, env
+        keep_freed_memory()  # a step's large tensors reuse freed memory, no fresh pages (tg.memory)
         self.reward_fn = reward_fn or make_reward(cfg)
         """Scores each leaf (tg.agent.env.Reward); default: the config's task's (tg.agent.tasks.make_reward)."""
         self.questions = list(questions)
