@@ -3,7 +3,11 @@ between its own pair of markers (`<!-- NAME:begin -->` ... `<!-- NAME:end -->`),
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
+from typing import Sequence
+
+from tg.trainer import TIMERS
 
 
 def write_section(path: Path, name: str, table: str) -> None:
@@ -16,3 +20,22 @@ def write_section(path: Path, name: str, table: str) -> None:
     else:
         text += ("\n" if text else "") + block + "\n"
     path.write_text(text)
+
+
+def step_medians(rows: Sequence[dict]) -> dict[str, float]:
+    """Medians over training steps' metric rows of each of the trainer's timers and of their sum (`step_s`)."""
+    med = {p: statistics.median(r[p] for r in rows) for p in TIMERS}
+    med["step_s"] = statistics.median(sum(r[p] for p in TIMERS) for r in rows)
+    return med
+
+
+def timer_table(medians: dict[str, dict[str, float]], base: str) -> list[str]:
+    """Markdown rows: each timer and `step_s` for every setting, then every other setting's ratio to `base`."""
+    others = [n for n in medians if n != base]
+    lines = [f"| part | {' | '.join(medians)} | {' | '.join(f'{n} / {base}' for n in others)} |",
+             "|---" * (1 + len(medians) + len(others)) + "|"]
+    for part in (*TIMERS, "step_s"):
+        cells = [f"{m[part]:.2f} s" for m in medians.values()] + [f"{medians[n][part] / medians[base][part]:.2f}x"
+                                                                   for n in others]
+        lines.append(f"| {part} | {' | '.join(cells)} |")
+    return lines

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from _blocks import write_section
+from _blocks import step_medians, timer_table, write_section
 
 from tg.trainer import METRICS, TIMERS
 
@@ -64,15 +63,9 @@ def main() -> None:
         same = all({k: a[k] for k in metrics} == {k: b[k] for k in metrics} for a, b in zip(*runs.values()))
         if not same:
             sys.exit(f"repetition {rep}: the two runs logged different metrics; the allocator must change none")
-    med = {m: {p: statistics.median(r[p] for r in rows) for p in TIMERS} for m, rows in steps.items()}
-    for m, rows in steps.items():
-        med[m]["step_s"] = statistics.median(sum(r[p] for p in TIMERS) for r in rows)
     lines = [f"`bench/allocator.py --steps {args.steps} --reps {args.reps}`: medians of {len(steps[MODES[0]])} steps "
              "per setting (the first step of each run dropped); every metric equal to the last bit in every pair.", "",
-             f"| part | {' | '.join(MODES)} | ratio |", "|---|---|---|---|"]
-    for part in (*TIMERS, "step_s"):
-        a, b = med[MODES[0]][part], med[MODES[1]][part]
-        lines.append(f"| {part} | {a:.2f} s | {b:.2f} s | {b / a:.2f}x |")
+             *timer_table({m: step_medians(rows) for m, rows in steps.items()}, base=MODES[0])]
     print("\n".join(lines))
     if args.write:
         write_section(Path(args.write), "allocator", "\n".join(lines))

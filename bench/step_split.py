@@ -12,17 +12,15 @@ first step of each run is dropped (warm-up); the table gives medians and tree / 
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 
 from pathlib import Path
 
 import torch
-from _blocks import write_section
+from _blocks import step_medians, timer_table, write_section
 
 from tg.config import load_config
 from tg.pipeline import build_run
-from tg.trainer import TIMERS
 
 RUNS = {"chain G=4": (dict(M=4, N=0, L=0), False), "tree (2,2,1)": (dict(M=2, N=2, L=1), False),
         "tree (2,2,1) packed": (dict(M=2, N=2, L=1), True)}
@@ -41,17 +39,9 @@ def main() -> None:
     for name, (shape, pack) in RUNS.items():
         run_cfg = cfg.replace(tree=shape, optim=dict(steps=args.steps, checkpoint_every=args.steps, pack_trees=pack))
         rows = build_run(run_cfg, tempfile.mkdtemp(prefix="tg-split-")).trainer.fit()[1:]
-        medians[name] = {p: statistics.median(r[p] for r in rows) for p in TIMERS}
-        medians[name]["step_s"] = statistics.median(sum(r[p] for p in TIMERS) for r in rows)
-    chain = medians["chain G=4"]
-    others = [n for n in medians if n != "chain G=4"]
+        medians[name] = step_medians(rows)
     lines = [f"`bench/step_split.py --steps {args.steps} --threads {args.threads}`: medians of {args.steps - 1} steps "
-             "after one untimed step.", "",
-             f"| part | {' | '.join(medians)} | {' | '.join(f'{n} / chain' for n in others)} |",
-             "|---" * (1 + len(medians) + len(others)) + "|"]
-    for part in (*TIMERS, "step_s"):
-        cells = [f"{m[part]:.2f} s" for m in medians.values()] + [f"{medians[n][part] / chain[part]:.2f}x" for n in others]
-        lines.append(f"| {part} | {' | '.join(cells)} |")
+             "after one untimed step.", "", *timer_table(medians, base="chain G=4")]
     print("\n".join(lines))
     if args.write:
         write_section(Path(args.write), "step_split", "\n".join(lines))
