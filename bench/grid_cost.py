@@ -17,7 +17,6 @@ a real rerun, whose own timers are in its rows (`train_s`, `eval_s`).
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from _blocks import write_section
+from _blocks import step_medians, write_section
 
 from tg.experiments.mini import cell_config, experiments, regime_of
 from tg.pipeline import build_run, evaluate_model
@@ -62,7 +61,7 @@ def time_group(cell_name: str, grids: tuple[str, ...], steps: int) -> dict[str, 
     cfg = cell_config(cell, 0)
     run = build_run(cfg.replace(optim=dict(steps=steps + 1, checkpoint_every=0)), tempfile.mkdtemp(prefix="tg-cost-"))
     rows = run.trainer.fit(progress=False)[1:]
-    out = {p: statistics.median(r[p] for r in rows) for p in TIMERS}
+    out = step_medians(rows)
     t = time.perf_counter()
     run.trainer.save_checkpoint()
     out["checkpoint_s"] = time.perf_counter() - t
