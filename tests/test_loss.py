@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from tg.loss import entropy_from_logits, grpo_loss, k3_kl, masked_aggregate, policy_loss, token_logprobs
+from tg.loss import entropy, grpo_loss, k3_kl, logprobs_at, masked_aggregate, policy_loss, token_logprobs
 
 F64 = torch.float64
 
@@ -132,26 +132,27 @@ def test_missing_inputs_raise():
         grpo_loss(logp, old, adv, mask, kl_beta=0.0, entropy_coef=0.001)
 
 
-def test_token_logprobs_and_entropy_alignment():
+def test_token_logprobs_alignment_and_the_values_at_picked_positions():
     g = torch.Generator().manual_seed(7)
     B, T, V = 2, 6, 11
     logits = torch.randn(B, T, V, generator=g, dtype=F64)
     ids = torch.randint(V, (B, T), generator=g)
-    lp, ent = token_logprobs(logits, ids), entropy_from_logits(logits)
-    assert lp.shape == ent.shape == (B, T)
-    assert bool((lp[:, 0] == 0).all()) and bool((ent[:, 0] == 0).all())
+    lp = token_logprobs(logits, ids)
+    assert lp.shape == (B, T) and bool((lp[:, 0] == 0).all())
     for b in range(B):
         for t in range(1, T):                   # logits[:, t-1] produced ids[:, t]
             dist = torch.log_softmax(logits[b, t - 1], -1)
             assert lp[b, t].item() == pytest.approx(dist[ids[b, t]].item(), abs=1e-12)
-            assert ent[b, t].item() == pytest.approx(-(dist.exp() * dist).sum().item(), abs=1e-12)
+            picked = logits[b, t - 1][None]     # the trainer's way: the predicting logits, picked
+            assert logprobs_at(picked, ids[b, t][None]).item() == pytest.approx(lp[b, t].item(), abs=1e-12)
+            assert entropy(picked).item() == pytest.approx(-(dist.exp() * dist).sum().item(), abs=1e-12)
 
 
 def test_bfloat16_logits_are_upcast():
     logits = torch.randn(1, 4, 7).to(torch.bfloat16)
     ids = torch.randint(7, (1, 4))
     assert token_logprobs(logits, ids).dtype == torch.float32
-    assert entropy_from_logits(logits).dtype == torch.float32
+    assert logprobs_at(logits[0], ids[0]).dtype == entropy(logits).dtype == torch.float32
 
 
 def _two_tokens():

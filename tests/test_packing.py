@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from tg.packing import pack_batch, pack_rows, packed_row_logits
+from tg.packing import pack_batch, pack_rows, packed_logits
 
 
 def _tree_rows(rng: random.Random, vocab: int = 40) -> list[list[int]]:
@@ -36,7 +36,8 @@ def test_packed_logits_equal_per_row_logits(seed):
     groups = [_tree_rows(rng) for _ in range(3)]
     width = max(len(r) for g in groups for r in g)
     with torch.no_grad():
-        packed = packed_row_logits(model, pack_batch(groups, width))
+        batch = pack_batch(groups, width)
+        packed = packed_logits(model, batch)[batch.where]
         for k, row in enumerate(r for g in groups for r in g):
             alone = model(input_ids=torch.tensor([row])).logits[0]
             assert packed[k, :len(row)] == pytest.approx(alone, abs=1e-5)
@@ -44,7 +45,7 @@ def test_packed_logits_equal_per_row_logits(seed):
 
 
 def test_the_additive_mask_gives_the_boolean_masks_logits_and_gradients_to_the_last_bit():
-    """packed_row_logits makes the tree mask additive once per forward instead of SDPA once per layer."""
+    """packed_logits makes the tree mask additive once per forward instead of SDPA once per layer."""
     rng = random.Random(5)
     torch.manual_seed(5)
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=40, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
@@ -52,7 +53,7 @@ def test_the_additive_mask_gives_the_boolean_masks_logits_and_gradients_to_the_l
     groups = [_tree_rows(rng) for _ in range(3)]
     batch = pack_batch(groups, max(len(r) for g in groups for r in g))
     grads = []
-    for logits in (lambda: packed_row_logits(model, batch),
+    for logits in (lambda: packed_logits(model, batch)[batch.where],
                    lambda: model(input_ids=batch.ids, attention_mask=batch.visible[:, None],
                                  position_ids=batch.pos).logits.flatten(0, 1)[batch.where]):
         model.zero_grad()
@@ -103,12 +104,12 @@ class _Recorder(torch.nn.Module):
         return self.model(**inputs)
 
 
-def test_packed_row_logits_runs_on_the_model_device():
+def test_packed_logits_runs_on_the_model_device():
     """A model on the meta device (no memory, any machine) gets every input moved there."""
     with torch.device("meta"):
         model = _Recorder(Qwen2ForCausalLM(Qwen2Config(vocab_size=40, hidden_size=64, num_hidden_layers=1,
                                                        num_attention_heads=2, num_key_value_heads=1,
                                                        intermediate_size=128)))
-    out = packed_row_logits(model, pack_batch([[[1, 2, 3], [1, 2, 4]]], width=3))
+    out = packed_logits(model, pack_batch([[[1, 2, 3], [1, 2, 4]]], width=3))
     assert model.devices == {"input_ids": "meta", "attention_mask": "meta", "position_ids": "meta"}
-    assert out.device.type == "meta" and out.shape == (2, 3, 40)
+    assert out.device.type == "meta" and out.shape == (4, 40)  # one tree, 4 packed positions

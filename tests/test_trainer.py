@@ -262,6 +262,73 @@ def test_update_equals_one_plain_masked_step(cfg, warm_policy_dir, make_env, tra
     assert moved > 0.5 * o.lr                                                   # the step did train
 
 
+@pytest.mark.parametrize("pack", [False, True])
+@pytest.mark.parametrize("entropy_coef", [0.0, 0.01])
+def test_logprobs_at_policy_tokens_train_like_whole_rows(cfg, warm_policy_dir, make_env, train_questions, tmp_path,
+                                                        pack, entropy_coef):
+    """The update takes log-probs and entropies at policy tokens only. Against the same forward's whole rows
+    (every position's log-softmax, then the mask), micro-batch by micro-batch: the reference log-probs, the loss and
+    every gradient are equal to the last bit with the paper's loss; with an entropy bonus the gradient's terms add
+    in another order, so they agree to float rounding."""
+    from tg.loss import entropy, grpo_loss, token_logprobs
+    from tg.packing import packed_logits
+    c = _cfg(cfg, finetune="full", prompts_per_step=4, mini_batch_prompts=4, micro_batch_rows=5, pack_trees=pack,
+             entropy_coef=entropy_coef).replace(tree=dict(M=2, N=2, L=1))
+    tr = _trainer(c, warm_policy_dir, make_env, train_questions, tmp_path)
+    seen = []
+    update = tr.update
+    tr.update = lambda rows: seen.append(rows) or update(rows)
+    tr.step()
+    rows, o, model = seen[0], c.optim, tr.policy.model
+    micros = tr._micro_batches(rows)[0]
+    assert any(mb.packed is not None for mb in micros) == pack and len(micros) > 1
+
+    def whole_rows(m, mb):
+        """[B, width, V] logits of the micro-batch's rows from the forward the trainer runs."""
+        if mb.packed is None:
+            return m(input_ids=mb.ids).logits
+        trees = [rows.tree[int(r)] for r in mb.idx]     # packed rows go by tree, in order (Trainer._micro)
+        unpack = torch.tensor(sorted(range(len(trees)), key=trees.__getitem__)).argsort()
+        return packed_logits(m, mb.packed)[mb.packed.where][unpack]
+
+    grads = []
+    model.train()
+    for mb in micros:
+        (ref,) = tr._frozen_logprobs([mb], reference=True)
+        with torch.no_grad(), tr.policy.reference_context():
+            whole_ref = token_logprobs(whole_rows(tr.policy.reference_model, mb), mb.ids)
+        assert torch.equal(ref[mb.policy], whole_ref[mb.policy])
+        mask = rows.mask[mb.idx, :mb.ids.shape[1]].float()
+        assert int(mask.sum()) == len(mb.at) > 0 and not mask[:, 0].any()
+        runs = []
+        for fast in (True, False):
+            model.zero_grad(set_to_none=True)
+            if fast:
+                stats = tr._micro_loss(rows, mb, None, ref, weight=1.0)
+            else:
+                logits = whole_rows(model, mb)
+                logp = token_logprobs(logits, mb.ids)
+                loss, stats = grpo_loss(logp, logp.detach(), rows.adv[mb.idx], mask, ref_logp=whole_ref,
+                                        entropy=torch.nn.functional.pad(entropy(logits[:, :-1]), (1, 0)),
+                                        clip_low=o.clip_low,
+                                        clip_high=o.clip_high, agg=o.loss_agg, kl_beta=o.kl_beta,
+                                        entropy_coef=o.entropy_coef)
+                loss.backward()
+                stats["loss"] = float(loss.detach())
+            runs.append((stats, [p.grad.clone() for p in model.parameters()]))
+        (fast_stats, fast_grads), (slow_stats, slow_grads) = runs
+        for k in ("loss", "pg_loss", "kl", "entropy", "clip_frac"):
+            assert fast_stats[k] == slow_stats[k], k
+        grads.append((fast_grads, slow_grads))
+    for fast_grads, slow_grads in grads:
+        assert any(g.abs().max() > 0 for g in fast_grads)                          # a real gradient
+        for a, b in zip(fast_grads, slow_grads, strict=True):
+            if entropy_coef == 0:
+                assert torch.equal(a, b)
+            else:  # float rounding of the sum: far below the gradient's own scale
+                assert (a - b).abs().max() <= 1e-4 * b.abs().max()
+
+
 def test_qlora_in_bf16_keeps_activations_in_bf16(cfg, warm_policy_dir):
     """QLoRA under bf16 (the GPU path): the base's non-4-bit weights stay bf16 and so do the activations.
     peft's prepare_model_for_kbit_training would cast them to fp32; on an H200 that ran attention

@@ -8,11 +8,12 @@ H_i counts only the trajectory's *policy* tokens: `mask` [B, T] is 1 on tokens t
 and 0 on prompt, observation (`<information>...`) and padding tokens
 (docs/paper.md#objective); masked tokens stay in the forward context but get no loss.
 
-Alignment (token in, token out). `token_logprobs(logits, ids)` and `entropy_from_logits(logits)`
-take the causal LM's logits [B, T, V] computed on `ids` [B, T] (logits[:, t] predicts ids[:, t+1])
-and return [B, T] tensors *aligned with ids*: position t holds the value for the distribution that
-produced ids[:, t], i.e. logits[:, t-1]. Position 0 has no predictor and holds 0; it is a prompt
-token, so the mask over ids is 0 there. All [B, T] tensors here share this alignment and one mask.
+Alignment (token in, token out). `token_logprobs(logits, ids)` takes the causal LM's logits [B, T, V]
+computed on `ids` [B, T] (logits[:, t] predicts ids[:, t+1]) and returns a [B, T] tensor *aligned with
+ids*: position t holds the value for the distribution that produced ids[:, t], i.e. logits[:, t-1].
+Position 0 has no predictor and holds 0; it is a prompt token, so the mask over ids is 0 there. All
+[B, T] tensors here share this alignment and one mask. The trainer fills them at policy tokens only:
+`logprobs_at` and `entropy` on the logits that predict those tokens, 0 elsewhere (tg.trainer).
 
 Aggregation (`agg`, optim.loss_agg) of a per-token quantity x [B, T] under `mask`:
 - "seq-mean"   = Eq. 8: mean over each trajectory's policy tokens, then mean over the B rows;
@@ -52,9 +53,22 @@ def token_logprobs(logits: Tensor, ids: Tensor) -> Tensor:
     Returns:
         [B, T] float log-probs; [:, 0] = 0 (no prediction for the first token).
     """
-    x = _full_precision(logits[:, :-1])                                   # [B, T-1, V]
-    picked = x.gather(-1, ids[:, 1:, None]).squeeze(-1)                   # [B, T-1]
-    return _shift_right(picked - torch.logsumexp(x, dim=-1))
+    return _shift_right(logprobs_at(logits[:, :-1], ids[:, 1:]))        # [B, T-1] -> [B, T]
+
+
+def logprobs_at(logits: Tensor, targets: Tensor) -> Tensor:
+    """log softmax(logits)[target] for each predicting position: `token_logprobs` without the alignment, for
+    logits already picked at the positions that count (the trainer takes them at policy tokens only).
+
+    Args:
+        logits: [..., V] logits, each row the distribution that produced its target (half precision is
+            computed in float32).
+        targets: [...] long, the token ids drawn from those distributions.
+    Returns:
+        [...] float log-probs.
+    """
+    x = _full_precision(logits)
+    return x.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(x, dim=-1)
 
 
 def entropy(logits: Tensor) -> Tensor:
@@ -67,17 +81,6 @@ def entropy(logits: Tensor) -> Tensor:
     """
     x = _full_precision(logits)
     return torch.logsumexp(x, dim=-1) - (torch.softmax(x, dim=-1) * x).sum(-1)
-
-
-def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Entropy of the distribution that produced each token, aligned with ids (module docstring).
-
-    Args:
-        logits: [B, T, V] causal LM logits computed on ids [B, T].
-    Returns:
-        [B, T] entropies in nats; [:, 0] = 0 (`entropy` of logits[:, :-1], shifted right).
-    """
-    return _shift_right(entropy(logits[:, :-1]))
 
 
 def masked_aggregate(x: Tensor, mask: Tensor, agg: str = "seq-mean") -> Tensor:
@@ -218,7 +221,7 @@ def grpo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, 
     entropy_coef, ratio. `ratio` = "token" is Eq. 8's per-token ratio (`policy_loss`); "sequence" is
     GSPO's length-normalised sequence ratio (`gspo_policy_loss`, the paper's GSPO baseline, Table 1).
     Shapes: logp, old_logp, mask, ref_logp, entropy [B, T]; advantages [B] or [B, T] ([B] for "sequence").
-    `ref_logp` is needed when kl_beta > 0, `entropy` (from `entropy_from_logits`, with gradient)
+    `ref_logp` is needed when kl_beta > 0, `entropy` (per token, aligned like `ref_logp`, with gradient)
     when entropy_coef > 0; when given with a zero coefficient they are only reported in stats.
 
     Deviations from Eq. 8 (numbered; defaults follow the paper unless said):

@@ -14,8 +14,9 @@ gather is differentiable: a shared token's gradient is the sum over its rows, as
     row_logits = logits[packed.where]            # [R, T, V], as a per-row forward gives (padding: any)
 
 `pack_batch` does the packing for several trees in one padded batch (the trainer's micro-batch, packed
-once per update and reused by its reference, old-policy and training forwards), `packed_row_logits` the
-forward and the gather.
+once per update and reused by its reference, old-policy and training forwards), `packed_logits` the
+forward. The trainer gathers only the logits it needs (`where` at the positions that predict policy
+tokens), not whole rows.
 """
 
 from __future__ import annotations
@@ -96,11 +97,12 @@ def pack_batch(groups: Sequence[Sequence[Sequence[int]]], width: int, pad_id: in
     return PackedBatch(ids, pos, visible, where)
 
 
-def packed_row_logits(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
-    """[R, width, V] logits of the packed rows, in group order, from one forward over the batch."""
+def packed_logits(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
+    """[B * P, V] logits of every packed position from one forward over the batch; `batch.where` indexes
+    them by row token (`packed_logits(model, batch)[batch.where]` is [R, width, V], rows in group order)."""
     first = next(p for p in model.parameters() if p.is_floating_point())  # the embedding: the activations' dtype
     dev, visible = first.device, batch.visible[:, None].to(first.device)
     # the mask made additive once (0 visible, -inf not), as SDPA would remake a boolean one in every layer
     mask = torch.zeros(visible.shape, dtype=first.dtype, device=dev).masked_fill_(~visible, float("-inf"))
     logits = model(input_ids=batch.ids.to(dev), attention_mask=mask, position_ids=batch.pos.to(dev)).logits
-    return logits.flatten(0, 1)[batch.where.to(dev)]
+    return logits.flatten(0, 1)

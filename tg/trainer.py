@@ -47,9 +47,9 @@ from tg.agent.finetune import TrainablePolicy
 from tg.budget import Ledger, ledgers
 from tg.config import Config
 from tg.engines.engine import Engine, HFEngine, Sampling
-from tg.loss import entropy_from_logits, grpo_loss, token_logprobs
+from tg.loss import entropy, grpo_loss, logprobs_at
 from tg.memory import keep_freed_memory
-from tg.packing import PackedBatch, pack_batch, packed_row_logits
+from tg.packing import PackedBatch, pack_batch, packed_logits
 from tg.store.files import atomic_write_text
 from tg.gpu.distributed import (Parallel, failures_as_rank_lost, gather_step, minibatch_of, set_rng_state, shard_seed,
                             shard_slices)
@@ -90,14 +90,16 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Micro:
-    """One micro-batch's model inputs: its rows' ids and attention [B, width], and with optim.pack_trees
-    their trees packed (row i of the micro-batch is packed row unpack[i])."""
+    """One micro-batch's model inputs: its rows' ids and attention [B, width], with optim.pack_trees their
+    trees packed, and where the log-probs are taken: the policy tokens (rows, cols) of the [B, width] grid
+    and, for each, the index of the logits that predict it in the forward's flattened logits."""
 
     idx: torch.Tensor
     ids: torch.Tensor
     attn: torch.Tensor
+    policy: tuple[torch.Tensor, torch.Tensor]
+    at: torch.Tensor
     packed: PackedBatch | None = None
-    unpack: torch.Tensor | None = None
 
 
 class NonFiniteError(RuntimeError):
@@ -178,6 +180,12 @@ def sample_batch(engine: Engine, env: Environment, questions: Sequence[Question]
                         max_step_tokens=a.max_step_tokens, max_context_tokens=a.max_context_tokens)
 
 
+def _at_policy(values: torch.Tensor, mb: Micro) -> torch.Tensor:
+    """[B, width]: `values` [N] at the micro-batch's policy tokens, 0 elsewhere (differentiable)."""
+    r, c = (x.to(values.device) for x in mb.policy)
+    return values.new_zeros(mb.ids.shape).index_put((r, c), values)
+
+
 def _zero_std_share(values: Sequence[float], groups: Sequence[int]) -> float:
     by: dict[int, set[float]] = {}
     for v, g in zip(values, groups):
@@ -254,29 +262,39 @@ class Trainer:
 
     # ---- log-probs and the update ----------------------------------------------------------------
     def _micro(self, rows: Rows, idx: torch.Tensor) -> Micro:
-        """The model inputs of the rows `idx`, built once per update (packing is not free: a trie over ids)."""
+        """The model inputs of the rows `idx`, built once per update (packing is not free: a trie over ids).
+
+        Log-probs and entropies are taken at the policy tokens only (their logits gathered, then the log-softmax):
+        the loss masks every other token, so its value and gradient are those of the whole rows' to the last bit
+        (with an entropy bonus, within float rounding: its gradient's terms add in another order; tested in
+        tests/test_trainer.py), at a fraction of the [rows, width, vocabulary] work."""
         width = int(rows.attn[idx].sum(1).max())
         ids, attn = rows.ids[idx, :width], rows.attn[idx, :width]
+        row, col = rows.mask[idx, 1:width].nonzero(as_tuple=True)  # the logits at col predict the token at col + 1
+        policy = (row, col + 1)  # position 0 has no predictor (a prompt token)
         trees = [rows.tree[int(r)] for r in idx]
         if not self.cfg.optim.pack_trees or len(set(trees)) == len(trees):  # no two rows share a tree: nothing to pack
-            return Micro(idx, ids, attn)
+            return Micro(idx, ids, attn, policy, at=row * width + col)  # into logits [B * width, V]
         order = sorted(range(len(idx)), key=lambda i: trees[i])  # stable: rows of a tree in order
         groups: dict[int, list[list[int]]] = {}
         for i in order:
             r = int(idx[i])
             groups.setdefault(rows.tree[r], []).append(rows.ids[r, :int(rows.attn[r].sum())].tolist())
         packed = pack_batch(list(groups.values()), width, self.pad_id)
-        return Micro(idx, ids, attn, packed, torch.tensor(order).argsort())
+        unpack = torch.tensor(order).argsort()  # row i of the micro-batch is packed row unpack[i]
+        return Micro(idx, ids, attn, policy, at=packed.where[unpack[row], col], packed=packed)
 
     def _forward_logprobs(self, model: Any, mb: Micro) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs [B, width] of the micro-batch's policy tokens (0 elsewhere) and the logits [N, V] that
+        predict them, one row per policy token in `mb.policy` order."""
         dev = next(model.parameters()).device
-        ids = mb.ids.to(dev)
         if mb.packed is not None:  # each tree's rows once, along their shared prefixes (tg.packing)
-            logits = packed_row_logits(model, mb.packed)[mb.unpack.to(dev)]
+            logits = packed_logits(model, mb.packed)
         else:  # right-padded rows: under the causal mask no real token sees the padding after it, so no
             # attention mask is passed and attention takes its causal kernel (the same logits, tested)
-            logits = model(input_ids=ids).logits
-        return token_logprobs(logits, ids), logits
+            logits = model(input_ids=mb.ids.to(dev)).logits.flatten(0, 1)
+        picked = logits[mb.at.to(dev)]
+        return _at_policy(logprobs_at(picked, mb.ids[mb.policy].to(dev)), mb), picked
 
     @torch.no_grad()
     def _frozen_logprobs(self, micros: Sequence[Micro], reference: bool) -> list[torch.Tensor]:
@@ -288,9 +306,9 @@ class Trainer:
     def _micro_loss(self, rows: Rows, mb: Micro, old: torch.Tensor | None, ref: torch.Tensor | None,
                     weight: float) -> dict:
         o = self.cfg.optim
-        logp, logits = self._forward_logprobs(self.train_model, mb)
+        logp, picked = self._forward_logprobs(self.train_model, mb)
         mask = rows.mask[mb.idx, :logp.shape[1]].to(logp.device).float()
-        ent = entropy_from_logits(logits if o.entropy_coef > 0 else logits.detach())
+        ent = _at_policy(entropy(picked if o.entropy_coef > 0 else picked.detach()), mb)
         adv = rows.adv[mb.idx].to(logp.device)
         adv = adv[:, :logp.shape[1]] if adv.dim() == 2 else adv
         loss, stats = grpo_loss(logp, logp.detach() if old is None else old, adv, mask,
