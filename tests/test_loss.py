@@ -137,15 +137,15 @@ def test_token_logprobs_alignment_and_the_values_at_picked_positions():
     B, T, V = 2, 6, 11
     logits = torch.randn(B, T, V, generator=g, dtype=F64)
     ids = torch.randint(V, (B, T), generator=g)
-    lp = token_logprobs(logits, ids)
-    assert lp.shape == (B, T) and bool((lp[:, 0] == 0).all())
+    lp, ent = token_logprobs(logits, ids), entropy(logits[:, :-1])
+    assert lp.shape == (B, T) and bool((lp[:, 0] == 0).all()) and ent.shape == (B, T - 1)
     for b in range(B):
         for t in range(1, T):                   # logits[:, t-1] produced ids[:, t]
             dist = torch.log_softmax(logits[b, t - 1], -1)
             assert lp[b, t].item() == pytest.approx(dist[ids[b, t]].item(), abs=1e-12)
+            assert ent[b, t - 1].item() == pytest.approx(-(dist.exp() * dist).sum().item(), abs=1e-12)
             picked = logits[b, t - 1][None]     # the trainer's way: the predicting logits, picked
             assert logprobs_at(picked, ids[b, t][None]).item() == pytest.approx(lp[b, t].item(), abs=1e-12)
-            assert entropy(picked).item() == pytest.approx(-(dist.exp() * dist).sum().item(), abs=1e-12)
 
 
 def test_bfloat16_logits_are_upcast():

@@ -92,24 +92,27 @@ def test_pack_batch_pads_each_pack_and_offsets_its_rows():
 
 
 class _Recorder(torch.nn.Module):
-    """Wraps a model and records the device of every input it is called with."""
+    """Wraps a model and records the device and dtype of every input it is called with."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
         self.model = model
-        self.devices: dict[str, str] = {}
+        self.inputs: dict[str, tuple[str, torch.dtype]] = {}
 
     def forward(self, **inputs: torch.Tensor):
-        self.devices = {k: v.device.type for k, v in inputs.items()}
+        self.inputs = {k: (v.device.type, v.dtype) for k, v in inputs.items()}
         return self.model(**inputs)
 
 
-def test_packed_logits_runs_on_the_model_device():
-    """A model on the meta device (no memory, any machine) gets every input moved there."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_logits_runs_on_the_model_device_in_its_dtype(dtype):
+    """A model on the meta device (no memory, any machine) gets every input moved there, and the additive tree
+    mask in the activations' dtype (SDPA refuses a float mask of another dtype than the queries')."""
     with torch.device("meta"):
         model = _Recorder(Qwen2ForCausalLM(Qwen2Config(vocab_size=40, hidden_size=64, num_hidden_layers=1,
                                                        num_attention_heads=2, num_key_value_heads=1,
-                                                       intermediate_size=128)))
+                                                       intermediate_size=128)).to(dtype))
     out = packed_logits(model, pack_batch([[[1, 2, 3], [1, 2, 4]]], width=3))
-    assert model.devices == {"input_ids": "meta", "attention_mask": "meta", "position_ids": "meta"}
+    assert model.inputs == {"input_ids": ("meta", torch.long), "attention_mask": ("meta", dtype),
+                            "position_ids": ("meta", torch.long)}
     assert out.device.type == "meta" and out.shape == (4, 40)  # one tree, 4 packed positions

@@ -281,6 +281,8 @@ def test_node_rules_are_one_registry_with_the_config_names():
     assert tg.tree.NODE_RULES["entropy"] is tg.tree.entropy_nodes
     with pytest.raises(ValueError, match="'paper', 'official', 'entropy'; got 'deepest'"):
         choose_nodes(_chain_tree(), 2, "deepest", random.Random(0))
+    with pytest.raises(ValueError, match="got 'PAPER'"):
+        expansion_candidates(_chain_tree(), "PAPER")
 
 
 @pytest.mark.parametrize("rule, n, expected", [

@@ -101,8 +101,8 @@ def packed_logits(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
     """[B * P, V] logits of every packed position from one forward over the batch; `batch.where` indexes
     them by row token (`packed_logits(model, batch)[batch.where]` is [R, width, V], rows in group order)."""
     first = next(p for p in model.parameters() if p.is_floating_point())  # the embedding: the activations' dtype
-    dev, visible = first.device, batch.visible[:, None].to(first.device)
+    dev = first.device
     # the mask made additive once (0 visible, -inf not), as SDPA would remake a boolean one in every layer
-    mask = torch.zeros(visible.shape, dtype=first.dtype, device=dev).masked_fill_(~visible, float("-inf"))
+    mask = torch.where(batch.visible[:, None].to(dev), 0.0, float("-inf")).to(first.dtype)
     logits = model(input_ids=batch.ids.to(dev), attention_mask=mask, position_ids=batch.pos.to(dev)).logits
     return logits.flatten(0, 1)

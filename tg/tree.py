@@ -108,6 +108,7 @@ def expansion_candidates(tree: Tree, rule: str) -> list[int]:
                         chain answered in its first step), the root: a deviation, as the paper leaves it open.
     'official'        : the root plus every non-leaf step node, as the official code's get_expand_node.
     """
+    _check_rule(rule)
     inner = inner_nodes(tree)
     if rule == "official":
         return [0] + inner
@@ -162,10 +163,14 @@ NODE_RULES: dict[str, NodeRule] = {"paper": paper_nodes, "official": official_no
 """`tree.node_rule` -> its strategy."""
 
 
-def choose_nodes(tree: Tree, n: int, rule: str, rng: random.Random) -> list[int]:
-    """Pick N expansion nodes of one tree with strategy `NODE_RULES[rule]`, reproducibly from `rng`."""
+def _check_rule(rule: str) -> None:
     if rule not in NODE_RULES:
         raise ValueError(f"node_rule must be one of {', '.join(map(repr, NODE_RULES))}; got {rule!r}")
+
+
+def choose_nodes(tree: Tree, n: int, rule: str, rng: random.Random) -> list[int]:
+    """Pick N expansion nodes of one tree with strategy `NODE_RULES[rule]`, reproducibly from `rng`."""
+    _check_rule(rule)
     return NODE_RULES[rule](tree, n, rng)
 
 
