@@ -7,7 +7,7 @@ import statistics
 from pathlib import Path
 from typing import Sequence
 
-from tg.trainer import TIMERS
+from tg.trainer import METRICS, TIMERS
 
 
 def write_section(path: Path, name: str, table: str) -> None:
@@ -27,6 +27,12 @@ def step_medians(rows: Sequence[dict]) -> dict[str, float]:
     med = {p: statistics.median(r[p] for r in rows) for p in TIMERS}
     med["step_s"] = statistics.median(sum(r[p] for p in TIMERS) for r in rows)
     return med
+
+
+def same_metrics(a: Sequence[dict], b: Sequence[dict]) -> bool:
+    """Whether two runs' per-step rows log the same steps and every metric but the timers equal to the last bit."""
+    keys = [k for k in METRICS if k not in TIMERS and a and k in a[0]]
+    return len(a) == len(b) and all({k: x[k] for k in keys} == {k: y[k] for k in keys} for x, y in zip(a, b))
 
 
 def timer_table(medians: dict[str, dict[str, float]], base: str) -> list[str]:

@@ -19,9 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _blocks import step_medians, timer_table, write_section
-
-from tg.trainer import METRICS, TIMERS
+from _blocks import same_metrics, step_medians, timer_table, write_section
 
 MODES = ("glibc default", "keep freed memory")
 
@@ -59,9 +57,7 @@ def main() -> None:
                                  check=True, capture_output=True, text=True).stdout
             runs[mode] = json.loads(out.splitlines()[-1])
             steps[mode] += runs[mode][1:]
-        metrics = [k for k in METRICS if k not in TIMERS and k in runs[MODES[0]][0]]
-        same = all({k: a[k] for k in metrics} == {k: b[k] for k in metrics} for a, b in zip(*runs.values()))
-        if not same:
+        if not same_metrics(*runs.values()):
             sys.exit(f"repetition {rep}: the two runs logged different metrics; the allocator must change none")
     lines = [f"`bench/allocator.py --steps {args.steps} --reps {args.reps}`: medians of {len(steps[MODES[0]])} steps "
              "per setting (the first step of each run dropped); every metric equal to the last bit in every pair.", "",

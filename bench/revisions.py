@@ -23,9 +23,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _blocks import step_medians, write_section
+from _blocks import same_metrics, step_medians, write_section
 
-from tg.trainer import METRICS, TIMERS
+from tg.trainer import TIMERS
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD = """
@@ -71,8 +71,7 @@ def main() -> None:
                     order = [(names[0], base), (names[1], ROOT)]
                     runs = {n: run(c, shape, args.steps) for n, c in (order if rep % 2 == 0 else order[::-1])}
                     a, b = runs[names[0]], runs[names[1]]
-                    metrics = [k for k in METRICS if k not in TIMERS and k in a[0]]
-                    if any({k: x[k] for k in metrics} != {k: y[k] for k in metrics} for x, y in zip(a, b)):
+                    if not same_metrics(a, b):
                         sys.exit(f"shape {shape}, repetition {rep}: the two revisions logged different metrics")
                     for n in names:
                         steps[shape, n] += runs[n][1:]

@@ -1,7 +1,7 @@
 """Keep freed memory in the process: a CPU training step makes and frees tensors of tens of MB (a micro-batch's
-[rows, width, vocabulary] logits, their log-softmax and gradients). glibc's allocator serves blocks that large
-by mapping fresh pages from the kernel and unmaps them on free, so every step pays page faults to fault them in
-and zero them again: on the cpu preset about 4% of an update (bench/allocator.py). Told to serve them from
+activations, logits, attention mask and their gradients). glibc's allocator serves blocks that large by mapping
+fresh pages from the kernel and unmaps them on free, so every step pays page faults to fault them in and zero
+them again (what that costs an update: bench/allocator.py). Told to serve them from
 its heap and to keep the freed ones, it reuses them. Only the allocator's bookkeeping changes, no number: the
 same kernels run on the same values (tests/test_rerun.py reruns committed rows to the last bit with it on).
 """
