@@ -7,6 +7,8 @@ the first rollout, sampled from the same pinned weights, still gives the committ
 metrics agree to float precision. The caller's torch thread count does not matter: the rerun trains with the
 grid's (`tg.experiments.mini.GRID_THREADS`), and the test calls it from a process set to another count."""
 
+import csv
+
 import pytest
 import torch
 
@@ -40,3 +42,45 @@ def test_the_first_steps_of_a_committed_run_come_out_as_committed(tmp_path):
     assert {k: first[k] for k in ROLLOUT} == {k: float(committed[k]) for k in ROLLOUT}, "\n".join(lines)
     for k in UPDATE:
         assert first[k] == pytest.approx(float(committed[k]), rel=1e-3, abs=1e-6), k
+
+
+def test_compare_counts_identical_rows_moved_columns_and_rows_not_rerun(tmp_path):
+    from tg.store.files import append_csv_rows
+    committed, again = tmp_path / "a", tmp_path / "b"
+    row = dict(cell="c", seed=0, step=30, em_multi="20.0", calls_multi="2.0", date="d1", train_s="100", machine="x")
+    step = dict(cell="c", seed=0, step=1, reward="0.5", grad_norm="0.1", rollout_s="1.0")
+    for root in (committed, again):
+        append_csv_rows(root / "results/mini/budget.csv", [row, {**row, "step": 60}])
+        append_csv_rows(root / "results/mini/steps/budget.csv", [step])
+    append_csv_rows(committed / "results/mini/budget.csv", [{**row, "seed": 1}])  # not rerun yet
+    rows, steps = rerun.compare_grid("budget", again, committed)
+    assert (rows.matched, rows.identical, rows.missing, rows.moved) == (2, 2, 1, {})
+    assert (steps.matched, steps.identical) == (1, 1)
+    # a moved EM counts; a wall-clock or provenance column (train_s, date, machine, a timer) does not
+    path = again / "results/mini/budget.csv"
+    path.write_text(path.read_text().replace("20.0,2.0,d1,100", "20.67,2.0,d2,99", 1))
+    path = again / "results/mini/steps/budget.csv"
+    path.write_text(path.read_text().replace("1.0\n", "2.5\n"))  # a timer
+    rows, steps = rerun.compare_grid("budget", again, committed)
+    assert (rows.matched, rows.identical, rows.moved) == (2, 1, {"em_multi": 1})
+    assert "em_multi 20.0 -> 20.67" in rows.examples[0]
+    assert (steps.matched, steps.identical) == (1, 1)
+
+
+def test_tg_mini_compare_exits_0_on_the_committed_rows_and_1_when_one_moved(tmp_path, capsys):
+    from tg.cli import main
+    (tmp_path / "results/mini/steps").mkdir(parents=True)
+    rows, steps = GRID.read_text(), (GRID.parent / "steps" / GRID.name).read_text()
+    (tmp_path / "results/mini/steps/budget.csv").write_text(steps)
+    (tmp_path / "results/mini/budget.csv").write_text(rows)
+    assert main(["mini", "compare", "budget", "--root", str(tmp_path)]) == 0
+    n = len(rows.splitlines()) - 1
+    assert f"budget, rows: {n} of {n} identical" in capsys.readouterr().out
+    table = list(csv.DictReader(GRID.open()))
+    table[0]["em_multi"] = "99.0"
+    with (tmp_path / "results/mini/budget.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(table[0]))
+        w.writeheader()
+        w.writerows(table)
+    assert main(["mini", "compare", "budget", "--root", str(tmp_path)]) == 1
+    assert f"{n - 1} of {n} identical" in capsys.readouterr().out

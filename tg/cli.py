@@ -15,7 +15,7 @@
     tg data corpus  --out DIR [--source HUB_ID|wiki-18.jsonl.gz] [--index]   wiki-18 (+ its BM25 index)
     tg retriever serve --corpus corpus.jsonl [--port 8000] [--host H --allow-remote]
     tg mini     list | run EXPERIMENT [--workers 2] [--root DIR] | report [EXPERIMENT] [--readme]
-                | rerun GRID CELL SEED [--steps K]
+                | rerun GRID CELL SEED [--steps K] | compare GRID --root DIR
                 the claims in miniature (results/mini/; --root DIR: DIR/results/mini/)
 
 `python -m tg ...` is the same command. A mistake in the input (a config value, a data file, a policy path,
@@ -172,7 +172,7 @@ def _add_data_and_retriever(sub: Any) -> list[argparse.ArgumentParser]:
 
 def _add_mini(sub: Any) -> None:
     m = sub.add_parser("mini", help="the paper's claims in miniature: named grids -> results/mini/<name>.csv")
-    m.add_argument("action", choices=("list", "run", "report", "rerun"))
+    m.add_argument("action", choices=("list", "run", "report", "rerun", "compare"))
     m.add_argument("experiment", nargs="?", help="budget, ledger, theory, shapes, ablation, sweep, branching "
                                                  "(see `tg mini list`); rerun: a grid name or its CSV")
     m.add_argument("cell_seed", nargs="*", metavar="CELL SEED",
@@ -182,7 +182,8 @@ def _add_mini(sub: Any) -> None:
     m.add_argument("--cell", action="append", metavar="NAME",
                    help="run only this cell (repeatable): a name or its last parts, e.g. --cell 'tree (1,2,1)' (both "
                         "starts) --cell moderate/chain-16 (one); default all")
-    m.add_argument("--root", metavar="DIR", help="read and write DIR/results/mini/ (default: this checkout's)")
+    m.add_argument("--root", metavar="DIR", help="read and write DIR/results/mini/ (default: this checkout's); "
+                                                 "compare: the rerun's root, compared with this checkout's rows")
     m.add_argument("--readme", action="store_true",
                    help="report: also rewrite the generated blocks of README.md and results/mini/README.md")
 
@@ -222,6 +223,13 @@ def _dispatch(args: argparse.Namespace) -> int:
             raise ConfigError("tg mini rerun needs GRID CELL SEED, e.g. tg mini rerun budget multi-hop/hard/tree 0")
         path = rerun.grid_csv(args.experiment or "", args.root)
         return 0 if rerun.rerun(path, args.cell_seed[0], int(args.cell_seed[1]), steps=args.steps).equal else 1
+    if args.command == "mini" and args.action == "compare":
+        from tg.experiments import rerun
+        if not args.experiment or not args.root:
+            raise ConfigError("tg mini compare needs GRID and --root DIR (where `tg mini run GRID --root DIR` wrote)")
+        found = rerun.compare_grid(args.experiment, args.root)
+        print("\n".join(rerun.describe_comparison(c) for c in found))
+        return 0 if all(c.identical == c.matched for c in found) else 1
     if args.command == "mini":
         from tg.experiments import claims, mini, report, summary
         print(mini.describe(args.experiment), flush=True)

@@ -7,6 +7,9 @@ another instruction set changes float sums, so values drift apart after some ste
 
     tg mini rerun results/mini/budget.csv multi-hop/hard/tree 0            # the whole run, both evaluations
     tg mini rerun budget multi-hop/hard/tree 0 --steps 2                   # its first two steps only
+
+A whole grid rerun into another root (`tg mini run GRID --root DIR`) is compared with the committed one row by row,
+every column but provenance and wall-clock seconds, with `tg mini compare GRID --root DIR`.
 """
 
 from __future__ import annotations
@@ -135,3 +138,70 @@ def rerun(path: Path, cell_name: str, seed: int, steps: int | None = None, run_d
                 out(f"evaluation at step {p} (committed -> now): {pairs}: {'equal' if same else 'DIFFERENT'}")
     out(f"{'identical' if equal else 'not identical'} to the committed values")
     return Rerun(equal, metrics, c)
+
+
+IGNORED = ("date", "git_sha", "machine", "eval_s", "train_s", "reused_from")
+"""Grid columns a comparison skips: provenance and wall-clock seconds, which differ between any two runs."""
+
+
+@dataclass(frozen=True)
+class GridComparison:
+    """A rerun grid's rows against the committed ones, matched on (cell, seed, step)."""
+
+    grid: str
+    kind: str
+    """'rows' (the grid CSV) or 'steps' (its per-step metrics)."""
+    matched: int
+    identical: int
+    """Matched rows equal in every compared column, to the last written digit."""
+    missing: int
+    """Committed rows the rerun does not have (not run yet)."""
+    moved: dict[str, int]
+    """Each compared column that differs somewhere: in how many matched rows."""
+    examples: list[str]
+
+
+def _keyed(path: Path) -> dict[tuple[str, str, str], dict]:
+    return {(r["cell"], r["seed"], r["step"]): r for r in csv.DictReader(path.open())} if path.exists() else {}
+
+
+def compare_rows(grid: str, kind: str, committed_csv: Path, rerun_csv: Path, skip: tuple[str, ...],
+                 examples: int = 5) -> GridComparison:
+    """Compare two CSVs of one grid row by row: every column but `skip`, as written (exactly)."""
+    old, new = _keyed(committed_csv), _keyed(rerun_csv)
+    both = [k for k in old if k in new]
+    moved: dict[str, int] = {}
+    shown: list[str] = []
+    identical = 0
+    for key in both:
+        differ = [c for c in old[key] if c not in skip and c in new[key] and old[key][c] != new[key][c]]
+        identical += not differ
+        for c in differ:
+            moved[c] = moved.get(c, 0) + 1
+        if differ and len(shown) < examples:
+            shown.append(f"{key[0]} seed {key[1]} step {key[2]}: " + ", ".join(
+                f"{c} {old[key][c]} -> {new[key][c]}" for c in differ[:4]) + (" ..." if len(differ) > 4 else ""))
+    return GridComparison(grid, kind, len(both), identical, len(old) - len(both), moved, shown)
+
+
+def compare_grid(grid: str, rerun_root: str | Path, root: str | Path | None = None) -> list[GridComparison]:
+    """The rows and per-step metrics of `grid` under `rerun_root` (what `tg mini run GRID --root DIR` wrote)
+    against the committed ones under `root` (default: this checkout)."""
+    old, new = mini_dir(root) / f"{grid}.csv", mini_dir(rerun_root) / f"{grid}.csv"
+    for p in (old, new):
+        if not p.exists():
+            raise DataError(f"{p}: no such grid file; run `tg mini run {grid} --root DIR` first, or name a grid "
+                            f"of `tg mini list`")
+    return [compare_rows(grid, "rows", old, new, IGNORED),
+            compare_rows(grid, "steps", steps_path(old), steps_path(new), IGNORED + TIMERS)]
+
+
+def describe_comparison(c: GridComparison) -> str:
+    """One paragraph: how many rows matched, how many are identical, which columns moved and examples."""
+    what = "rows" if c.kind == "rows" else "per-step rows"
+    lines = [f"{c.grid}, {what}: {c.identical} of {c.matched} identical"
+             + (f"; {c.missing} committed not rerun yet" if c.missing else "")]
+    if c.moved:
+        lines.append("  moved: " + ", ".join(f"{k} ({n})" for k, n in sorted(c.moved.items(), key=lambda kv: -kv[1])))
+        lines += [f"  {e}" for e in c.examples]
+    return "\n".join(lines)
