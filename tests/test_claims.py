@@ -142,10 +142,18 @@ def test_the_cost_table_gives_each_machine_kind_its_own_line():
     df = pd.DataFrame(run("a", 0, 100.0, "Intel") + run("a", 1, 300.0, "AMD") + run("a", 2, 500.0, "AMD")
                       + run("b", 0, 9999.0, "Intel", reused_from="budget"))
     lines = summary.cost_table({"ablation": df}).splitlines()
-    assert lines[2:] == ["| ablation | Intel | 1 | 0.0 | - | 100 | 100-100 |",
-                         "| ablation | AMD | 2 | 0.2 | - | 400 | 300-500 |"]
+    assert lines[2:4] == ["| ablation | Intel | 1 | 0.0 | - | 100 | 100-100 | - |",
+                          "| ablation | AMD | 2 | 0.2 | - | 400 | 300-500 | - |"]
+    assert lines[-1] == "Worker time is not recorded for 6 rows (made before rows carried `run_s`)."
+    # worker time: every row a grid made itself, its start and ledger rows too; summed over the grids at the end
+    timed = df.assign(run_s=1800.0)
+    ledger = pd.DataFrame([{"cell": "l", "seed": 0, "step": 0, "machine": "Intel", "run_s": 3600.0}])
+    lines = summary.cost_table({"ablation": timed, "ledger": ledger}).splitlines()
+    assert [line.split(" | ")[-1] for line in lines[2:5]] == ["1.0 |", "2.0 |", "1.0 |"]
+    assert lines[4].startswith("| ledger | Intel | 0 | - |")
+    assert lines[-1] == "Every grid together: 4.0 hours of worker time, 2.0 h with two one-thread workers on two cores."
     # with per-step metrics: each machine's own runs split into rollout / log-probs / update (copied runs left out)
     steps = pd.DataFrame([{"cell": c, "seed": s, "step": k, "rollout_s": 360.0, "logprob_s": 0.0, "update_s": 720.0}
                           for c, s in (("a", 0), ("a", 1), ("a", 2), ("b", 0)) for k in range(1, 11)])
     lines = summary.cost_table({"ablation": df}, {"ablation": steps}).splitlines()
-    assert [line.split(" | ")[4] for line in lines[2:]] == ["1.0 / 0.0 / 2.0", "2.0 / 0.0 / 4.0"]
+    assert [line.split(" | ")[4] for line in lines[2:4]] == ["1.0 / 0.0 / 2.0", "2.0 / 0.0 / 4.0"]

@@ -22,7 +22,7 @@ def test_theory_rows_check_proposition_3_1_exactly(tmp_path):
     for r in rows:
         assert 0 < float(r["p_win"]) < 1
         assert max(float(r["intra_err"]), float(r["dpo_err"]), float(r["ratio_err"])) < 1e-12
-        assert r["git_sha"] and r["date"]
+        assert r["git_sha"] and r["date"] and float(r["run_s"]) >= 0
 
 
 def test_training_cell_writes_one_row_per_point_and_resumes(tmp_path):
@@ -38,6 +38,9 @@ def test_training_cell_writes_one_row_per_point_and_resumes(tmp_path):
     assert (r["M"], r["N"], r["L"], r["budget"], r["regime"]) == ("2", "2", "1", "4.0", "moderate")
     assert r["n_single"] == "3" and r["n_multi"] == "3" and 0 <= float(r["em_multi"]) <= 100
     assert float(r["trajectories_per_q"]) == 6.0 and float(r["train_s"]) > 0
+    # the worker's wall time of each row's segment: its steps, checkpoint write and evaluation (more than the steps)
+    assert all(float(x["run_s"]) > float(x["train_s"]) - float(y.get("train_s") or 0)
+               for x, y in zip(rows, [{}] + rows))
     assert len(r["config_hash"]) == 12 and r["git_sha"] and r["date"]
     steps = _rows(mini.steps_path(path))                          # each step's training metrics, at full precision
     assert [(r["cell"], r["seed"], r["step"]) for r in steps] == [(cell.name, "0", "1"), (cell.name, "0", "2")]

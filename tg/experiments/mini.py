@@ -262,7 +262,15 @@ def _training_columns(metrics: list[dict]) -> dict:
 
 
 def run_job(job: Job, root: Path) -> Iterator[dict]:
-    """Do one (cell, seed): yields one row per missing evaluation point as soon as it exists."""
+    """Do one (cell, seed): yields one row per missing evaluation point as soon as it exists, with the wall
+    seconds the worker spent making it (`run_s`: loading, training steps, checkpoint writes, evaluation)."""
+    t0 = time.perf_counter()
+    for row in _job_rows(job, root):
+        yield {**row, "run_s": round(time.perf_counter() - t0, 1)}
+        t0 = time.perf_counter()
+
+
+def _job_rows(job: Job, root: Path) -> Iterator[dict]:
     cfg = cell_config(job.cell, job.seed)
     kind = job.cell.kind
     if kind == "theory":

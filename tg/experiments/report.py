@@ -50,9 +50,9 @@ def full_report(root: str | Path | None = None) -> str:
             table = f"not run yet: `tg mini run {name}` writes results/mini/{name}.csv"
         parts += [f"### {name}", caption, table]
     parts += ["### Training cost", "Step time of the runs each grid trained itself (copied cells count where they "
-              "ran), as logged by the runs on a shared 2-core host, two workers at a time; it includes the time a run "
-              "shared the cores with other jobs or was stopped. Evaluations, worker start-up and checkpoint writes come on top "
-              "(a start row's `eval_s` is one evaluation).", cost_table(load_frames(root), load_steps(root))]
+              "ran), as logged by the runs on a 2-core host, two workers at a time, and the workers' wall time for "
+              "every row a grid made (loading, steps, checkpoint writes, evaluations). Both include any time a run "
+              "shared the cores with other jobs.", cost_table(load_frames(root), load_steps(root))]
     return "\n\n".join(parts)
 
 

@@ -160,30 +160,43 @@ def load_steps(root: str | Path | None = None) -> dict[str, pd.DataFrame]:
 
 
 def cost_table(frames: Mapping[str, pd.DataFrame], steps: Mapping[str, pd.DataFrame] | None = None) -> str:
-    """Per training grid (`frames`: name -> rows) and machine kind: the runs it trained itself (rows of a run's
-    last step not copied from another grid), their training step time (`train_s`: rollout, log-prob and update
-    seconds) in all, split into those pieces where the grid's per-step metrics are there (`steps`: name -> rows
-    of steps/<grid>.csv), and per run (median, range). Machine kinds differ in speed, so each has its own line."""
+    """Per grid (`frames`: name -> rows) and machine kind: the runs it trained itself (rows of a run's last step
+    not copied from another grid), their training step time (`train_s`: rollout, log-prob and update seconds) in
+    all, split into those pieces where the grid's per-step metrics are there (`steps`: name -> rows of
+    steps/<grid>.csv), and per run (median, range); then the workers' wall time for every row the grid made
+    itself (`run_s`: loading, steps, checkpoint writes, evaluations; start, ledger and theory rows too). Machine
+    kinds differ in speed, so each has its own line; the last line sums the worker time of every grid."""
     from tg.trainer import TIMERS
     rows, steps = [], steps or {}
+    total, unrecorded = 0.0, 0
     for name, df in frames.items():
-        if "train_s" not in df:
-            continue
-        own = df[df["step"] > 0]
-        own = own[own["step"] == own.groupby(["cell", "seed"])["step"].transform("max")]
-        own = own[own["reused_from"].isna()] if "reused_from" in own else own
-        kinds = own["machine"] if "machine" in own else pd.Series(None, index=own.index, dtype=object)
-        kinds = kinds.fillna("not recorded")
-        for kind, last in own.groupby(kinds, sort=False):
+        made = df[df["reused_from"].isna()] if "reused_from" in df else df
+        made = made.assign(machine=made["machine"].fillna("not recorded") if "machine" in made else "not recorded")
+        trained = made[made["step"] > 0] if "train_s" in made else made.iloc[:0]
+        trained = trained[trained["step"] == trained.groupby(["cell", "seed"])["step"].transform("max")]
+        for kind, part in made.groupby("machine", sort=False):
+            run_s = part["run_s"] if "run_s" in part else pd.Series(float("nan"), index=part.index)
+            worker = f"{run_s.sum() / 3600:.1f}" if run_s.notna().all() else "-"
+            total += run_s.sum()
+            unrecorded += int(run_s.isna().sum())
+            last = trained[trained["machine"] == kind]  # a run counts where its last row was made
+            if last.empty:
+                rows.append([name, str(kind), "0", "-", "-", "-", "-", worker])
+                continue
             s = last["train_s"].astype(float)
             split = "-"
             if name in steps:
                 runs = steps[name].merge(last[["cell", "seed"]], on=["cell", "seed"])
                 split = " / ".join(f"{runs[c].sum() / 3600:.1f}" for c in TIMERS)
             rows.append([name, str(kind), str(len(s)), f"{s.sum() / 3600:.1f}", split, f"{s.median():.0f}",
-                         f"{s.min():.0f}-{s.max():.0f}"])
-    return markdown(["grid", "machine", "runs trained", "step time, hours in all",
-                     "rollout / log-probs / update, hours", "per run, median s", "per run, range s"], rows)
+                         f"{s.min():.0f}-{s.max():.0f}", worker])
+    table = markdown(["grid", "machine", "runs trained", "step time, hours in all",
+                      "rollout / log-probs / update, hours", "per run, median s", "per run, range s",
+                      "worker time, hours in all"], rows)
+    if unrecorded:
+        return table + f"\n\nWorker time is not recorded for {unrecorded} rows (made before rows carried `run_s`)."
+    return table + (f"\n\nEvery grid together: {total / 3600:.1f} hours of worker time, {total / 7200:.1f} h "
+                    "with two one-thread workers on two cores.")
 
 
 def last_demo_run(df: pd.DataFrame) -> pd.DataFrame:
