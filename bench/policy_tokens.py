@@ -33,6 +33,7 @@ from tg.pipeline import build_run
 def timings(shape: tuple[int, int, int], reps: int) -> dict[str, float]:
     cfg = load_config("cpu").replace(tree=dict(M=shape[0], N=shape[1], L=shape[2]), optim=dict(steps=1))
     tr = build_run(cfg, tempfile.mkdtemp(prefix="tg-pt-")).trainer
+    tr.share_prefix = False  # whole rows in both ways: only the log-softmax's extent differs (bench/shared_prefix.py)
     seen = []
     update = tr.update
     tr.update = lambda rows: seen.append(rows) or update(rows)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from tg.packing import pack_batch, pack_rows, packed_logits
+from tg.packing import common_prefix, pack_batch, pack_rows, packed_logits, rows_batch
 
 
 def _tree_rows(rng: random.Random, vocab: int = 40) -> list[list[int]]:
@@ -42,6 +42,40 @@ def test_packed_logits_equal_per_row_logits(seed):
             alone = model(input_ids=torch.tensor([row])).logits[0]
             assert packed[k, :len(row)] == pytest.approx(alone, abs=1e-5)
     assert sum(len(pack_rows(g).ids) for g in groups) < sum(len(r) for g in groups for r in g)
+
+
+@pytest.mark.parametrize("by_tree", [False, True])
+def test_a_shared_prefix_runs_once_with_the_full_forwards_logits_and_gradients(by_tree):
+    """packed_logits(shared=n): the sequences' common start runs once and its keys and values are repeated over
+    the batch; every later position's logits and every parameter's gradient are the full forward's up to float
+    summation order. Rows as they are (rows_batch) or packed by tree."""
+    rng = random.Random(7)
+    torch.manual_seed(7)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=40, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                         num_key_value_heads=1, intermediate_size=128))
+    start = [rng.randrange(40) for _ in range(7)]  # the instructions every prompt begins with
+    groups = [[start + r for r in _tree_rows(rng)] for _ in range(3)]
+    width = max(len(r) for g in groups for r in g)
+    if by_tree:
+        batch = pack_batch(groups, width)
+    else:
+        rows = [r for g in groups for r in g]
+        batch = rows_batch(torch.tensor([r + [0] * (width - len(r)) for r in rows]))
+    n = common_prefix(batch.ids, width)
+    assert n == 7 and common_prefix(batch.ids, 3) == 3
+    B, P = batch.ids.shape
+    weights = torch.randn(B, P - n, 40)
+    out = []
+    for shared in (0, n):
+        model.zero_grad()
+        logits = packed_logits(model, batch, shared).view(B, P - shared, 40)[:, n - shared:]
+        (logits * weights).sum().backward()
+        out.append((logits.detach(), [p.grad.clone() for p in model.parameters()]))
+    (full, full_grads), (once, once_grads) = out
+    assert once == pytest.approx(full, abs=1e-5)
+    for a, b in zip(once_grads, full_grads, strict=True):
+        assert (a - b).abs().max() <= 1e-5 * b.abs().max()
+    assert all(g.abs().max() > 0 for g in once_grads[:3])  # the embedding and the first layer learn through the cache
 
 
 def test_the_additive_mask_gives_the_boolean_masks_logits_and_gradients_to_the_last_bit():
@@ -100,7 +134,7 @@ class _Recorder(torch.nn.Module):
         self.inputs: dict[str, tuple[str, torch.dtype]] = {}
 
     def forward(self, **inputs: torch.Tensor):
-        self.inputs = {k: (v.device.type, v.dtype) for k, v in inputs.items()}
+        self.inputs = {k: (v.device.type, v.dtype) if torch.is_tensor(v) else v for k, v in inputs.items()}
         return self.model(**inputs)
 
 
@@ -116,3 +150,6 @@ def test_packed_logits_runs_on_the_model_device_in_its_dtype(dtype):
     assert model.inputs == {"input_ids": ("meta", torch.long), "attention_mask": ("meta", dtype),
                             "position_ids": ("meta", torch.long)}
     assert out.device.type == "meta" and out.shape == (4, 40)  # one tree, 4 packed positions
+    out = packed_logits(model, rows_batch(torch.tensor([[1, 2, 3], [1, 2, 4]])), shared=2)
+    assert model.inputs["attention_mask"] == ("meta", dtype) and "past_key_values" in model.inputs
+    assert out.shape == (2, 40)  # the shared 2 positions once, then one position per row

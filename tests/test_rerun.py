@@ -84,3 +84,5 @@ def test_tg_mini_compare_exits_0_on_the_committed_rows_and_1_when_one_moved(tmp_
         w.writerows(table)
     assert main(["mini", "compare", "budget", "--root", str(tmp_path)]) == 1
     assert f"{n - 1} of {n} identical" in capsys.readouterr().out
+    assert main(["mini", "compare", str(tmp_path / "results/mini/budget.csv")]) == 1  # the rerun's CSV itself
+    assert main(["mini", "compare", str(GRID)]) == 2  # the committed grid against itself: refused

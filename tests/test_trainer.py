@@ -224,9 +224,9 @@ def test_packed_trees_train_like_rows(cfg, warm_policy_dir, make_env, train_ques
 
 @pytest.mark.parametrize("pack", [False, True])
 def test_update_equals_one_plain_masked_step(cfg, warm_policy_dir, make_env, train_questions, tmp_path, pack):
-    """The update's speed-ups (no attention mask for right-padded rows, trees ordered longest first into
-    micro-batches, packed trees) against the plain step they replace: every row in one forward with its
-    padding mask, in rollout order, the loss, one backward, clip, AdamW. Equal up to float summation order."""
+    """The update's speed-ups (the rows' common start run once, trees ordered longest first into micro-batches,
+    packed trees) against the plain step they replace: every row in one forward with its padding mask, in
+    rollout order, the loss, one backward, clip, AdamW. Equal up to float summation order."""
     from tg.loss import grpo_loss, token_logprobs
     c = _cfg(cfg, finetune="full", prompts_per_step=4, mini_batch_prompts=4, micro_batch_rows=5, pack_trees=pack)
     c = c.replace(tree=dict(M=2, N=2, L=1))
@@ -237,9 +237,10 @@ def test_update_equals_one_plain_masked_step(cfg, warm_policy_dir, make_env, tra
     tr.update = lambda rows: seen.append(rows) or update(rows)
     row = tr.step()
     rows = seen[0]
-    assert len(set(rows.attn.sum(1).tolist())) > 1 and len(tr._micro_batches(rows)[0]) > 1  # padding, micro-batches
-    if pack:
-        assert any(mb.packed is not None for mb in tr._micro_batches(rows)[0])
+    micros = tr._micro_batches(rows)[0]
+    assert len(set(rows.attn.sum(1).tolist())) > 1 and len(micros) > 1  # padding, micro-batches
+    assert all(mb.shared > 0 for mb in micros)  # the prompt's instructions once per micro-batch
+    assert any(mb.packed.ids.shape[0] < len(mb.idx) for mb in micros) == pack  # several rows of a tree packed
     o, model = c.optim, plain.policy.model
     with torch.no_grad(), plain.policy.reference_context():
         ref = token_logprobs(plain.policy.reference_model(input_ids=rows.ids, attention_mask=rows.attn).logits, rows.ids)
@@ -281,22 +282,24 @@ def test_logprobs_at_policy_tokens_train_like_whole_rows(cfg, warm_policy_dir, m
     tr.step()
     rows, o, model = seen[0], c.optim, tr.policy.model
     micros = tr._micro_batches(rows)[0]
-    assert any(mb.packed is not None for mb in micros) == pack and len(micros) > 1
+    by_tree = [mb.packed is not None and mb.packed.ids.shape[0] < len(mb.idx) for mb in micros]
+    assert any(by_tree) == pack and len(micros) > 1 and all(mb.shared > 0 for mb in micros)
 
-    def whole_rows(m, mb):
-        """[B, width, V] logits of the micro-batch's rows from the forward the trainer runs."""
-        if mb.packed is None:
-            return m(input_ids=mb.ids).logits
+    def whole_rows(m, mb, tree_packed):
+        """[B, width, V] logits of the micro-batch's rows from the forward the trainer runs (its shared prefix
+        once): positions before the shared prefix's end, prompt tokens the mask leaves out, take any logits."""
+        P, s = mb.packed.ids.shape[1], mb.shared
+        where = mb.packed.where // P * (P - s) + (mb.packed.where % P - s).clamp(min=0)
         trees = [rows.tree[int(r)] for r in mb.idx]     # packed rows go by tree, in order (Trainer._micro)
-        unpack = torch.tensor(sorted(range(len(trees)), key=trees.__getitem__)).argsort()
-        return packed_logits(m, mb.packed)[mb.packed.where][unpack]
+        order = sorted(range(len(trees)), key=trees.__getitem__) if tree_packed else range(len(trees))
+        return packed_logits(m, mb.packed, s)[where][torch.tensor(order).argsort()]
 
     grads = []
     model.train()
-    for mb in micros:
+    for mb, tree_packed in zip(micros, by_tree):
         (ref,) = tr._frozen_logprobs([mb], reference=True)
         with torch.no_grad(), tr.policy.reference_context():
-            whole_ref = token_logprobs(whole_rows(tr.policy.reference_model, mb), mb.ids)
+            whole_ref = token_logprobs(whole_rows(tr.policy.reference_model, mb, tree_packed), mb.ids)
         assert torch.equal(ref[mb.policy], whole_ref[mb.policy])
         mask = rows.mask[mb.idx, :mb.ids.shape[1]].float()
         assert int(mask.sum()) == len(mb.at) > 0 and not mask[:, 0].any()
@@ -306,7 +309,7 @@ def test_logprobs_at_policy_tokens_train_like_whole_rows(cfg, warm_policy_dir, m
             if fast:
                 stats = tr._micro_loss(rows, mb, None, ref, weight=1.0)
             else:
-                logits = whole_rows(model, mb)
+                logits = whole_rows(model, mb, tree_packed)
                 logp = token_logprobs(logits, mb.ids)
                 loss, stats = grpo_loss(logp, logp.detach(), rows.adv[mb.idx], mask, ref_logp=whole_ref,
                                         entropy=torch.nn.functional.pad(entropy(logits[:, :-1]), (1, 0)),
@@ -358,3 +361,25 @@ def test_a_step_with_the_entropy_node_rule(cfg, warm_policy_dir, make_env, train
     (row,) = _trainer(c, warm_policy_dir, make_env, train_questions, tmp_path).fit(progress=False)
     assert calls == [c.tree.N] * c.tree.M * c.optim.prompts_per_step
     assert row["trajectories"] == c.tree.group_size == 4
+
+
+def test_gradient_checkpointing_runs_the_shared_start_per_row_and_trains_alike(cfg, warm_policy_dir, make_env,
+                                                                             train_questions, tmp_path):
+    """Gradient checkpointing's recomputation (transformers) drops a layer's cache, so under it the rows' common
+    start runs in every row (`shared` 0); the step is the shared-prefix step's up to float summation order."""
+    runs = {}
+    for ckpt in (False, True):
+        c = _cfg(cfg, finetune="full", prompts_per_step=4, mini_batch_prompts=4, micro_batch_rows=5)
+        c = c.replace(tree=dict(M=2, N=2, L=1), model=dict(gradient_checkpointing=ckpt))
+        tr = _trainer(c, warm_policy_dir, make_env, train_questions, tmp_path / str(ckpt))
+        seen = []
+        update = tr.update
+        tr.update = lambda rows, update=update: seen.append(rows) or update(rows)
+        row = tr.step()
+        runs[ckpt] = row, tr.policy.state_dict(), [mb.shared for mb in tr._micro_batches(seen[0])[0]]
+    (row, weights, shared), (ckpt_row, ckpt_weights, ckpt_shared) = runs[False], runs[True]
+    assert min(shared) > 0 and ckpt_shared == [0] * len(shared)
+    for k in ("loss", "pg_loss", "kl", "entropy"):
+        assert ckpt_row[k] == pytest.approx(row[k], rel=1e-4, abs=1e-6), k
+    for k, w in weights.items():  # AdamW magnifies float-order noise to a small share of lr (as above)
+        assert ckpt_weights[k] == pytest.approx(w, abs=0.1 * 1e-3), k

@@ -15,7 +15,7 @@
     tg data corpus  --out DIR [--source HUB_ID|wiki-18.jsonl.gz] [--index]   wiki-18 (+ its BM25 index)
     tg retriever serve --corpus corpus.jsonl [--port 8000] [--host H --allow-remote]
     tg mini     list | run EXPERIMENT [--workers 2] [--root DIR] | report [EXPERIMENT] [--readme]
-                | rerun GRID CELL SEED [--steps K] | compare GRID --root DIR
+                | rerun GRID CELL SEED [--steps K] | compare GRID --root DIR | compare CSV
                 the claims in miniature (results/mini/; --root DIR: DIR/results/mini/)
 
 `python -m tg ...` is the same command. A mistake in the input (a config value, a data file, a policy path,
@@ -225,8 +225,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0 if rerun.rerun(path, args.cell_seed[0], int(args.cell_seed[1]), steps=args.steps).equal else 1
     if args.command == "mini" and args.action == "compare":
         from tg.experiments import rerun
-        if not args.experiment or not args.root:
-            raise ConfigError("tg mini compare needs GRID and --root DIR (where `tg mini run GRID --root DIR` wrote)")
+        if not args.experiment:
+            raise ConfigError("tg mini compare needs the rerun grid: GRID --root DIR (where `tg mini run GRID --root "
+                              "DIR` wrote) or its CSV")
         found = rerun.compare_grid(args.experiment, args.root)
         print("\n".join(rerun.describe_comparison(c) for c in found))
         return 0 if all(c.identical == c.matched for c in found) else 1

@@ -10,7 +10,8 @@ One step:
    chains: plain GRPO by prompt, plus GiGPO's step-group advantage per step with `optim.step_groups`,
    tg.advantage.step_group_advantages);
 4. one training row per leaf: its exact sampled ids and observation mask (shared prefixes repeat;
-   with `optim.pack_trees` each tree's rows run as one sequence along their shared prefixes, tg.packing);
+   with `optim.pack_trees` each tree's rows run as one sequence along their shared prefixes, and a
+   micro-batch's common start, the prompt's instructions, runs once for all its rows; tg.packing);
 5. old log-probs once, reference log-probs once (adapter disabled), then PPO mini-batches of
    `mini_batch_prompts` questions, with gradient accumulation over `micro_batch_rows` rows, AdamW,
    linear warm-up then constant LR, grad-norm clip.
@@ -49,7 +50,7 @@ from tg.config import Config
 from tg.engines.engine import Engine, HFEngine, Sampling
 from tg.loss import entropy, grpo_loss, logprobs_at
 from tg.memory import keep_freed_memory
-from tg.packing import PackedBatch, pack_batch, packed_logits
+from tg.packing import PackedBatch, common_prefix, pack_batch, packed_logits, rows_batch
 from tg.store.files import atomic_write_text
 from tg.gpu.distributed import (Parallel, failures_as_rank_lost, gather_step, minibatch_of, set_rng_state, shard_seed,
                             shard_slices)
@@ -90,9 +91,11 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Micro:
-    """One micro-batch's model inputs: its rows' ids and attention [B, width], with optim.pack_trees their
-    trees packed, and where the log-probs are taken: the policy tokens (rows, cols) of the [B, width] grid
-    and, for each, the index of the logits that predict it in the forward's flattened logits."""
+    """One micro-batch's model inputs: its rows' ids and attention [B, width], the sequences the forward
+    runs (with optim.pack_trees their trees packed; None: the rows as they are, under the causal kernel) and
+    how many leading positions they all share, and where the log-probs are taken: the policy tokens (rows,
+    cols) of the [B, width] grid and, for each, the index of the logits that predict it in the forward's
+    flattened logits."""
 
     idx: torch.Tensor
     ids: torch.Tensor
@@ -100,6 +103,7 @@ class Micro:
     policy: tuple[torch.Tensor, torch.Tensor]
     at: torch.Tensor
     packed: PackedBatch | None = None
+    shared: int = 0
 
 
 class NonFiniteError(RuntimeError):
@@ -226,6 +230,9 @@ class Trainer:
         self.reporters: list[Callable[[dict], None]] = []
         """Called with each step's metrics row after it is written (rank 0; e.g. tg.store.reporters.tensorboard)."""
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        # a micro-batch's common start runs once (tg.packing.packed_logits), except under gradient checkpointing,
+        # whose recomputation in transformers drops a layer's cache, and where the ranks cannot (FSDP2)
+        self.share_prefix = not cfg.model.gradient_checkpointing and self.par.shares_prefix
 
     # ---- data ------------------------------------------------------------------------------------
     def batch_questions(self, step: int) -> list[Question]:
@@ -267,29 +274,39 @@ class Trainer:
         Log-probs and entropies are taken at the policy tokens only (their logits gathered, then the log-softmax):
         the loss masks every other token, so its value and gradient are those of the whole rows' to the last bit
         (with an entropy bonus, within float rounding: its gradient's terms add in another order; tested in
-        tests/test_trainer.py), at a fraction of the [rows, width, vocabulary] work."""
+        tests/test_trainer.py), at a fraction of the [rows, width, vocabulary] work.
+
+        The rows' common start (the prompt's instructions, up to the first logit needed) runs once for all of
+        them (tg.packing.packed_logits) where `share_prefix`."""
         width = int(rows.attn[idx].sum(1).max())
         ids, attn = rows.ids[idx, :width], rows.attn[idx, :width]
         row, col = rows.mask[idx, 1:width].nonzero(as_tuple=True)  # the logits at col predict the token at col + 1
         policy = (row, col + 1)  # position 0 has no predictor (a prompt token)
+        shared = common_prefix(ids, int(col.min())) if self.share_prefix and len(col) else 0
         trees = [rows.tree[int(r)] for r in idx]
         if not self.cfg.optim.pack_trees or len(set(trees)) == len(trees):  # no two rows share a tree: nothing to pack
-            return Micro(idx, ids, attn, policy, at=row * width + col)  # into logits [B * width, V]
-        order = sorted(range(len(idx)), key=lambda i: trees[i])  # stable: rows of a tree in order
-        groups: dict[int, list[list[int]]] = {}
-        for i in order:
-            r = int(idx[i])
-            groups.setdefault(rows.tree[r], []).append(rows.ids[r, :int(rows.attn[r].sum())].tolist())
-        packed = pack_batch(list(groups.values()), width, self.pad_id)
-        unpack = torch.tensor(order).argsort()  # row i of the micro-batch is packed row unpack[i]
-        return Micro(idx, ids, attn, policy, at=packed.where[unpack[row], col], packed=packed)
+            if not shared:
+                return Micro(idx, ids, attn, policy, at=row * width + col)  # into logits [B * width, V]
+            packed, at = rows_batch(ids), row * width + col
+        else:
+            order = sorted(range(len(idx)), key=lambda i: trees[i])  # stable: rows of a tree in order
+            groups: dict[int, list[list[int]]] = {}
+            for i in order:
+                r = int(idx[i])
+                groups.setdefault(rows.tree[r], []).append(rows.ids[r, :int(rows.attn[r].sum())].tolist())
+            packed = pack_batch(list(groups.values()), width, self.pad_id)
+            unpack = torch.tensor(order).argsort()  # row i of the micro-batch is packed row unpack[i]
+            at = packed.where[unpack[row], col]
+        P = packed.ids.shape[1]  # the forward's logits leave out each sequence's first `shared` positions
+        return Micro(idx, ids, attn, policy, at=at // P * (P - shared) + at % P - shared, packed=packed, shared=shared)
 
-    def _forward_logprobs(self, model: Any, mb: Micro) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward_logprobs(self, model: Any, mb: Micro, prefix_model: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs [B, width] of the micro-batch's policy tokens (0 elsewhere) and the logits [N, V] that
-        predict them, one row per policy token in `mb.policy` order."""
+        predict them, one row per policy token in `mb.policy` order. `prefix_model`: the module that runs the
+        shared prefix when `model` is a DDP wrapper (tg.packing.packed_logits)."""
         dev = next(model.parameters()).device
-        if mb.packed is not None:  # each tree's rows once, along their shared prefixes (tg.packing)
-            logits = packed_logits(model, mb.packed)
+        if mb.packed is not None:  # the shared start once; each tree's rows once, along their prefixes (tg.packing)
+            logits = packed_logits(model, mb.packed, mb.shared, prefix_model)
         else:  # right-padded rows: under the causal mask no real token sees the padding after it, so no
             # attention mask is passed and attention takes its causal kernel (the same logits, tested)
             logits = model(input_ids=mb.ids.to(dev)).logits.flatten(0, 1)
@@ -306,7 +323,7 @@ class Trainer:
     def _micro_loss(self, rows: Rows, mb: Micro, old: torch.Tensor | None, ref: torch.Tensor | None,
                     weight: float) -> dict:
         o = self.cfg.optim
-        logp, picked = self._forward_logprobs(self.train_model, mb)
+        logp, picked = self._forward_logprobs(self.train_model, mb, prefix_model=self.policy.model)
         mask = rows.mask[mb.idx, :logp.shape[1]].to(logp.device).float()
         ent = _at_policy(entropy(picked if o.entropy_coef > 0 else picked.detach()), mb)
         adv = rows.adv[mb.idx].to(logp.device)

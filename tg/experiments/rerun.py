@@ -9,7 +9,8 @@ another instruction set changes float sums, so values drift apart after some ste
     tg mini rerun budget multi-hop/hard/tree 0 --steps 2                   # its first two steps only
 
 A whole grid rerun into another root (`tg mini run GRID --root DIR`) is compared with the committed one row by row,
-every column but provenance and wall-clock seconds, with `tg mini compare GRID --root DIR`.
+every column but provenance and wall-clock seconds, with `tg mini compare GRID --root DIR` (or `tg mini compare
+results/mini/next/GRID.csv`).
 """
 
 from __future__ import annotations
@@ -184,16 +185,19 @@ def compare_rows(grid: str, kind: str, committed_csv: Path, rerun_csv: Path, ski
     return GridComparison(grid, kind, len(both), identical, len(old) - len(both), moved, shown)
 
 
-def compare_grid(grid: str, rerun_root: str | Path, root: str | Path | None = None) -> list[GridComparison]:
-    """The rows and per-step metrics of `grid` under `rerun_root` (what `tg mini run GRID --root DIR` wrote)
-    against the committed ones under `root` (default: this checkout)."""
-    old, new = mini_dir(root) / f"{grid}.csv", mini_dir(rerun_root) / f"{grid}.csv"
-    for p in (old, new):
-        if not p.exists():
-            raise DataError(f"{p}: no such grid file; run `tg mini run {grid} --root DIR` first, or name a grid "
-                            f"of `tg mini list`")
-    return [compare_rows(grid, "rows", old, new, IGNORED),
-            compare_rows(grid, "steps", steps_path(old), steps_path(new), IGNORED + TIMERS)]
+def compare_grid(grid_or_csv: str, rerun_root: str | Path | None = None,
+                 root: str | Path | None = None) -> list[GridComparison]:
+    """The rows and per-step metrics of a rerun grid (a grid name under `rerun_root`, where `tg mini run GRID
+    --root DIR` wrote, or a CSV such as results/mini/next/budget.csv) against the committed ones of the same grid
+    under `root` (default: this checkout)."""
+    new = grid_csv(grid_or_csv, rerun_root)
+    old = mini_dir(root) / new.name
+    if not old.exists():
+        raise DataError(f"{old}: no committed grid {new.stem!r} to compare {new} with")
+    if old.resolve() == new.resolve():
+        raise ConfigError(f"{new} is the committed grid itself: name the rerun's CSV or its --root DIR")
+    return [compare_rows(new.stem, "rows", old, new, IGNORED),
+            compare_rows(new.stem, "steps", steps_path(old), steps_path(new), IGNORED + TIMERS)]
 
 
 def describe_comparison(c: GridComparison) -> str:

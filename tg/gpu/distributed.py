@@ -104,6 +104,8 @@ class Parallel:
     (DDP) and `tg.gpu.fsdp.FullyShardedParallel` (FSDP2) are the several-rank versions."""
 
     rank, world = 0, 1
+    shares_prefix = True
+    """Whether a micro-batch's common start may run once for all its rows (tg.packing.packed_logits)."""
 
     def __init__(self, shards: int = 1) -> None:
         self.shards = shards

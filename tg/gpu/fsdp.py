@@ -53,6 +53,10 @@ def fsdp_units(model: Any) -> list[Any]:
 class FullyShardedParallel(DataParallel):
     """W ranks, full fine-tuning sharded by FSDP2; prompts, metrics and files as `DataParallel`."""
 
+    shares_prefix = False  # FSDP2 unshards a module's weights for backward only from its outputs' gradients, and
+    # a shared prefix's gradient arrives through its keys and values, which are no outputs (with it on, the FSDP2
+    # run of tests/test_distributed.py fails in backward)
+
     def prepare(self, policy: Any) -> Any:
         from torch.distributed.device_mesh import init_device_mesh
         mesh = init_device_mesh(self.device.type, (self.world,))
