@@ -17,7 +17,7 @@ from tg.agent.world import REPO_ROOT
 from tg.experiments import rerun
 from tg.experiments.mini import GRID_THREADS
 
-GRID = REPO_ROOT / "results" / "mini" / "budget.csv"
+GRID = REPO_ROOT / "results" / "mini" / "next" / "budget.csv"
 CELL, SEED, STEPS = "multi-hop/moderate/tree", 0, 2
 ROLLOUT = ("reward", "em", "format_valid", "tool_calls", "tool_calls_per_traj", "generated", "prefill",
            "prefill_saved", "trajectories", "zero_std_intra", "zero_std_inter", "adv_mean", "adv_std")
@@ -69,14 +69,15 @@ def test_compare_counts_identical_rows_moved_columns_and_rows_not_rerun(tmp_path
 
 def test_tg_mini_compare_exits_0_on_the_committed_rows_and_1_when_one_moved(tmp_path, capsys):
     from tg.cli import main
+    committed = REPO_ROOT / "results" / "mini" / "budget.csv"
     (tmp_path / "results/mini/steps").mkdir(parents=True)
-    rows, steps = GRID.read_text(), (GRID.parent / "steps" / GRID.name).read_text()
+    rows, steps = committed.read_text(), (committed.parent / "steps" / committed.name).read_text()
     (tmp_path / "results/mini/steps/budget.csv").write_text(steps)
     (tmp_path / "results/mini/budget.csv").write_text(rows)
     assert main(["mini", "compare", "budget", "--root", str(tmp_path)]) == 0
     n = len(rows.splitlines()) - 1
     assert f"budget, rows: {n} of {n} identical" in capsys.readouterr().out
-    table = list(csv.DictReader(GRID.open()))
+    table = list(csv.DictReader(committed.open()))
     table[0]["em_multi"] = "99.0"
     with (tmp_path / "results/mini/budget.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(table[0]))
@@ -85,4 +86,4 @@ def test_tg_mini_compare_exits_0_on_the_committed_rows_and_1_when_one_moved(tmp_
     assert main(["mini", "compare", "budget", "--root", str(tmp_path)]) == 1
     assert f"{n - 1} of {n} identical" in capsys.readouterr().out
     assert main(["mini", "compare", str(tmp_path / "results/mini/budget.csv")]) == 1  # the rerun's CSV itself
-    assert main(["mini", "compare", str(GRID)]) == 2  # the committed grid against itself: refused
+    assert main(["mini", "compare", str(committed)]) == 2  # the committed grid against itself: refused
