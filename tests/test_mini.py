@@ -52,6 +52,22 @@ def test_training_cell_writes_one_row_per_point_and_resumes(tmp_path):
     _check_rerun(path, cell, tmp_path)
 
 
+def test_a_run_resumed_after_an_interruption_counts_its_earlier_steps_in_run_s(tmp_path):
+    """The worker time of a row whose run resumed from an interrupted attempt's checkpoint: that attempt's steps
+    count by their timers, so `run_s` covers every step of the row's segment (and more: loading, evaluation)."""
+    small = ("optim.prompts_per_step=2", "optim.mini_batch_prompts=2", "optim.micro_batch_rows=8",
+             "eval.n_single=3", "eval.n_multi=3", "agent.max_step_tokens=40", "optim.checkpoint_every=1")
+    first = mini.Cell("multi-hop/moderate/chain", "train", small + mini.CHAIN4, seeds=(0,), points=(1,))
+    mini.run_experiment("interrupted", workers=1, root=tmp_path, cells=[first])   # stops after step 1's checkpoint
+    (tmp_path / "results" / "mini" / "interrupted.csv").unlink()
+    again = mini.Cell(first.name, "train", first.overrides, seeds=(0,), points=(2,))
+    path = mini.run_experiment("interrupted", workers=1, root=tmp_path, cells=[again])
+    [row] = _rows(path)
+    steps = _rows(mini.steps_path(path))
+    assert [s["step"] for s in steps if s["cell"] == first.name][-2:] == ["1", "2"]
+    assert float(row["run_s"]) > float(row["train_s"]) > 0  # steps 1 and 2, though this attempt trained step 2 only
+
+
 def _check_rerun(path, cell, tmp_path):
     """`tg mini rerun` retrains the committed row and finds every step and evaluation equal; a committed value
     changed by one ulp, or a changed configuration, is reported."""

@@ -261,12 +261,18 @@ def _training_columns(metrics: list[dict]) -> dict:
             "train_s": round(sum(sum(m[k] for k in TIMERS) for m in metrics), 1)}
 
 
+EARLIER_KEY = "_earlier_s"
+"""A training row carries, under this key, the step seconds of the steps an interrupted earlier attempt of its run
+trained before the checkpoint this attempt resumed from (they count in `run_s`; the row drops the key)."""
+
+
 def run_job(job: Job, root: Path) -> Iterator[dict]:
-    """Do one (cell, seed): yields one row per missing evaluation point as soon as it exists, with the wall
-    seconds the worker spent making it (`run_s`: loading, training steps, checkpoint writes, evaluation)."""
+    """Do one (cell, seed): yields one row per missing evaluation point as soon as it exists, with the seconds the
+    worker spent making it (`run_s`: loading, training steps, checkpoint writes, evaluation; the steps of a run
+    resumed after an interruption count once, by their timers)."""
     t0 = time.perf_counter()
     for row in _job_rows(job, root):
-        yield {**row, "run_s": round(time.perf_counter() - t0, 1)}
+        yield {**row, "run_s": round(time.perf_counter() - t0 + row.pop(EARLIER_KEY, 0.0), 1)}
         t0 = time.perf_counter()
 
 
@@ -288,13 +294,16 @@ def _job_rows(job: Job, root: Path) -> Iterator[dict]:
         yield {**_provenance(cfg, job.cell, job.seed, 0), **cols, "eval_s": round(time.perf_counter() - t0, 1)}
     else:
         from tg.pipeline import build_run, train_and_evaluate
+        from tg.store.rundir import has_checkpoint, read_checkpoint
+        from tg.trainer import TIMERS
         run = build_run(cfg, root / "runs" / "mini" / job.experiment / f"{job.cell.name}-s{job.seed}".replace("/", "_"))
-        for p, metrics, result in train_and_evaluate(run, cfg, job.points, run.trainer.checkpoint_path.exists(),
-                                                     progress=False):
+        resumed_at = read_checkpoint(run.trainer.run_dir, mmap=True).state["step"] if has_checkpoint(run.trainer.run_dir) else 0
+        for p, metrics, result in train_and_evaluate(run, cfg, job.points, resumed_at > 0, progress=False):
             prev = max((q for q in job.cell.points if q < p), default=0)
             steps = [{"cell": job.cell.name, "seed": job.seed, **m} for m in metrics if prev < m["step"] <= p]
+            earlier = sum(m[k] for m in steps if m["step"] <= resumed_at for k in TIMERS)
             yield {**_provenance(cfg, job.cell, job.seed, p), **_eval_columns(result), **_training_columns(metrics),
-                   STEPS_KEY: steps}
+                   STEPS_KEY: steps, EARLIER_KEY: earlier}
 
 
 def ledger_columns(cfg: Config, n_questions: int = 16) -> dict:
