@@ -13,32 +13,18 @@ both ways. Medians of the repetitions after the first.
 
 from __future__ import annotations
 
-import argparse
-import statistics
-import tempfile
-import time
-from pathlib import Path
-from typing import Callable
-
 import torch
 import torch.nn.functional as F
-from _blocks import write_section
+from _blocks import alternating_medians, step_rows, two_ways_main
 
-from tg.config import load_config
 from tg.loss import entropy, grpo_loss, token_logprobs
 from tg.packing import packed_logits
-from tg.pipeline import build_run
 
 
 def timings(shape: tuple[int, int, int], reps: int) -> dict[str, float]:
-    cfg = load_config("cpu").replace(tree=dict(M=shape[0], N=shape[1], L=shape[2]), optim=dict(steps=1))
-    tr = build_run(cfg, tempfile.mkdtemp(prefix="tg-pt-")).trainer
-    tr.share_prefix = False  # whole rows in both ways: only the log-softmax's extent differs (bench/shared_prefix.py)
-    seen = []
-    update = tr.update
-    tr.update = lambda rows: seen.append(rows) or update(rows)
-    tr.step()
-    rows, o, model = seen[0], cfg.optim, tr.policy.model
+    # whole rows in both ways, no shared start: only the log-softmax's extent differs (bench/shared_prefix.py)
+    tr, rows = step_rows(shape, share_prefix=False)
+    o, model = tr.cfg.optim, tr.policy.model
     micros = [mb for mini in tr._micro_batches(rows) for mb in mini]
     refs = tr._frozen_logprobs(micros, reference=True)
 
@@ -67,41 +53,10 @@ def timings(shape: tuple[int, int, int], reps: int) -> dict[str, float]:
                 (tr._forward_logprobs(tr.policy.reference_model, mb) if fast
                  else token_logprobs(whole(tr.policy.reference_model, mb), mb.ids))
 
-    runs: dict[str, Callable[[], None]] = {"update, whole rows": lambda: train(False),
-                                           "update, policy tokens": lambda: train(True),
-                                           "reference, whole rows": lambda: reference(False),
-                                           "reference, policy tokens": lambda: reference(True)}
-    times: dict[str, list[float]] = {k: [] for k in runs}
-    for rep in range(reps):
-        for name in (list(runs) if rep % 2 else list(runs)[::-1]):
-            t0 = time.perf_counter()
-            runs[name]()
-            times[name].append(time.perf_counter() - t0)
-    return {k: statistics.median(v[1:]) for k, v in times.items()}
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", nargs="+", default=["4,0,0", "2,2,1", "8,2,1"], help="tree shapes M,N,L")
-    ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--write", default=None, help="replace the policy_tokens section of this markdown file")
-    args = ap.parse_args()
-    torch.set_num_threads(1)
-    lines = [f"`bench/policy_tokens.py --reps {args.reps}`: medians of {args.reps - 1} repetitions (the first dropped), "
-             "one step's micro-batches, one torch thread.", "",
-             "| (M,N,L) | update, whole rows | update, policy tokens | ratio | reference, whole rows | "
-             "reference, policy tokens | ratio |", "|---|---|---|---|---|---|---|"]
-    for s in args.shapes:
-        m = timings(tuple(int(x) for x in s.split(",")), args.reps)
-        lines.append(f"| ({s}) | {m['update, whole rows']:.2f} s | {m['update, policy tokens']:.2f} s | "
-                     f"{m['update, policy tokens'] / m['update, whole rows']:.2f}x | {m['reference, whole rows']:.2f} s | "
-                     f"{m['reference, policy tokens']:.2f} s | "
-                     f"{m['reference, policy tokens'] / m['reference, whole rows']:.2f}x |")
-        print(lines[-1], flush=True)
-    print("\n".join(lines))
-    if args.write:
-        write_section(Path(args.write), "policy_tokens", "\n".join(lines))
+    return alternating_medians({"update, whole rows": lambda: train(False), "update, policy tokens": lambda: train(True),
+                                "reference, whole rows": lambda: reference(False),
+                                "reference, policy tokens": lambda: reference(True)}, reps)
 
 
 if __name__ == "__main__":
-    main()
+    two_ways_main("policy_tokens", __doc__, "whole rows", "policy tokens", timings)

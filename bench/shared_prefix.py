@@ -14,34 +14,16 @@ summation order).
 
 from __future__ import annotations
 
-import argparse
-import statistics
-import tempfile
-import time
-from pathlib import Path
-from typing import Callable
-
-import torch
-from _blocks import write_section
-
-from tg.config import load_config
-from tg.pipeline import build_run
+from _blocks import alternating_medians, step_rows, two_ways_main
 
 
 def timings(shape: tuple[int, int, int], reps: int) -> dict[str, float]:
-    cfg = load_config("cpu").replace(tree=dict(M=shape[0], N=shape[1], L=shape[2]), optim=dict(steps=1))
-    tr = build_run(cfg, tempfile.mkdtemp(prefix="tg-sp-")).trainer
-    seen = []
-    update = tr.update
-    tr.update = lambda rows: seen.append(rows) or update(rows)
-    tr.step()
-    rows, model = seen[0], tr.policy.model
-    micros = {}
+    tr, rows = step_rows(shape)
+    model, micros = tr.policy.model, {}
     for share in (True, False):
         tr.share_prefix = share
         micros[share] = [mb for mini in tr._micro_batches(rows) for mb in mini]
     refs = {share: tr._frozen_logprobs(micros[share], reference=True) for share in micros}
-    diff = max(float((a - b).abs().max()) for a, b in zip(refs[True], refs[False], strict=True))
 
     def train(share: bool) -> None:
         model.train()
@@ -49,44 +31,15 @@ def timings(shape: tuple[int, int, int], reps: int) -> dict[str, float]:
             tr._micro_loss(rows, mb, None, ref, 1.0)
         model.zero_grad(set_to_none=True)
 
-    runs: dict[str, Callable[[], None]] = {"update, every row": lambda: train(False),
-                                           "update, shared once": lambda: train(True),
-                                           "reference, every row": lambda: tr._frozen_logprobs(micros[False], True),
-                                           "reference, shared once": lambda: tr._frozen_logprobs(micros[True], True)}
-    times: dict[str, list[float]] = {k: [] for k in runs}
-    for rep in range(reps):
-        for name in (list(runs) if rep % 2 else list(runs)[::-1]):
-            t0 = time.perf_counter()
-            runs[name]()
-            times[name].append(time.perf_counter() - t0)
-    out = {k: statistics.median(v[1:]) for k, v in times.items()}
-    out["shared"] = statistics.median(mb.shared for mb in micros[True])
-    out["diff"] = diff
+    out = alternating_medians({"update, every row": lambda: train(False), "update, shared once": lambda: train(True),
+                               "reference, every row": lambda: tr._frozen_logprobs(micros[False], True),
+                               "reference, shared once": lambda: tr._frozen_logprobs(micros[True], True)}, reps)
+    out["shared"] = min(mb.shared for mb in micros[True])
+    out["diff"] = max(float((a - b).abs().max()) for a, b in zip(refs[True], refs[False], strict=True))
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", nargs="+", default=["4,0,0", "2,2,1", "8,2,1"], help="tree shapes M,N,L")
-    ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--write", default=None, help="replace the shared_prefix section of this markdown file")
-    args = ap.parse_args()
-    torch.set_num_threads(1)
-    lines = [f"`bench/shared_prefix.py --reps {args.reps}`: medians of {args.reps - 1} repetitions (the first dropped), "
-             "one step's micro-batches, one torch thread.", "",
-             "| (M,N,L) | shared positions | update, every row | update, shared once | ratio | reference, every row | "
-             "reference, shared once | ratio | reference log-probs, largest difference |", "|---|---|---|---|---|---|---|---|---|"]
-    for s in args.shapes:
-        m = timings(tuple(int(x) for x in s.split(",")), args.reps)
-        lines.append(f"| ({s}) | {m['shared']:.0f} | {m['update, every row']:.2f} s | {m['update, shared once']:.2f} s | "
-                     f"{m['update, shared once'] / m['update, every row']:.2f}x | {m['reference, every row']:.2f} s | "
-                     f"{m['reference, shared once']:.2f} s | "
-                     f"{m['reference, shared once'] / m['reference, every row']:.2f}x | {m['diff']:.1e} |")
-        print(lines[-1], flush=True)
-    print("\n".join(lines))
-    if args.write:
-        write_section(Path(args.write), "shared_prefix", "\n".join(lines))
-
-
 if __name__ == "__main__":
-    main()
+    two_ways_main("shared_prefix", __doc__, "every row", "shared once", timings,
+                  [("shared positions (fewest)", lambda m: f"{m['shared']:.0f}"),
+                   ("reference log-probs, largest difference", lambda m: f"{m['diff']:.1e}")])
