@@ -113,3 +113,13 @@ def test_retriever_serve_says_where_only_once_it_listens(corpus: Path, capsys, m
     assert main(["retriever", "serve", "--corpus", str(corpus), "--port", "0", "--host", "0.0.0.0",
                  "--allow-remote"]) == 0
     assert "serving bm25 at http://0.0.0.0:" in capsys.readouterr().out
+
+
+def test_tg_mini_run_all_runs_every_grid_in_turn(monkeypatch, tmp_path: Path, capsys) -> None:
+    from tg.experiments import mini
+    ran = []
+    monkeypatch.setattr(mini, "run_experiment", lambda name, workers, root, cells: ran.append((name, root, len(cells))))
+    assert main(["mini", "run", "all", "--root", str(tmp_path), "--workers", "1"]) == 0
+    assert ran == [(name, str(tmp_path), len(cells)) for name, cells in mini.experiments().items()]
+    assert main(["mini", "run", "all", "--cell", "chain"]) == 2
+    assert "name one grid with --cell" in capsys.readouterr().err

@@ -14,7 +14,7 @@
     tg data prepare --setting single-hop|multi-hop --out DIR [--source HUB_ID|LOCAL_DIR]
     tg data corpus  --out DIR [--source HUB_ID|wiki-18.jsonl.gz] [--index]   wiki-18 (+ its BM25 index)
     tg retriever serve --corpus corpus.jsonl [--port 8000] [--host H --allow-remote]
-    tg mini     list | run EXPERIMENT [--workers 2] [--root DIR] | report [EXPERIMENT] [--readme]
+    tg mini     list | run EXPERIMENT|all [--workers 2] [--root DIR] | report [EXPERIMENT] [--readme]
                 | rerun GRID CELL SEED [--steps K] | compare GRID --root DIR | compare CSV
                 the claims in miniature (results/mini/; --root DIR: DIR/results/mini/)
 
@@ -174,7 +174,8 @@ def _add_mini(sub: Any) -> None:
     m = sub.add_parser("mini", help="the paper's claims in miniature: named grids -> results/mini/<name>.csv")
     m.add_argument("action", choices=("list", "run", "report", "rerun", "compare"))
     m.add_argument("experiment", nargs="?", help="budget, ledger, theory, shapes, ablation, sweep, branching "
-                                                 "(see `tg mini list`); rerun: a grid name or its CSV")
+                                                 "(see `tg mini list`; run: also all, every grid in turn); rerun, "
+                                                 "compare: a grid name or its CSV")
     m.add_argument("cell_seed", nargs="*", metavar="CELL SEED",
                    help="rerun: the cell and seed of a committed training row, e.g. multi-hop/hard/tree 0")
     m.add_argument("--steps", type=int, metavar="K", help="rerun: only the first K training steps")
@@ -236,9 +237,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(mini.describe(args.experiment), flush=True)
         if args.action == "run":
             if not args.experiment:
-                raise ConfigError("tg mini run needs an EXPERIMENT name; see `tg mini list`")
-            cells = mini.select_cells(args.experiment, args.cell)
-            mini.run_experiment(args.experiment, workers=args.workers, root=args.root, cells=cells)
+                raise ConfigError("tg mini run needs an EXPERIMENT name (or all); see `tg mini list`")
+            if args.experiment == "all" and args.cell:
+                raise ConfigError("tg mini run all runs every cell of every grid: name one grid with --cell")
+            for name in mini.experiments() if args.experiment == "all" else [args.experiment]:
+                cells = mini.select_cells(name, args.cell)
+                mini.run_experiment(name, workers=args.workers, root=args.root, cells=cells)
         if args.action == "report" and args.readme:
             for path in report.write_readmes(args.root):
                 print(f"rewrote the generated block of {path}")
