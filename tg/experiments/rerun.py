@@ -141,7 +141,7 @@ def rerun(path: Path, cell_name: str, seed: int, steps: int | None = None, run_d
     return Rerun(equal, metrics, c)
 
 
-IGNORED = ("date", "git_sha", "machine", "eval_s", "train_s", "reused_from")
+IGNORED = ("date", "git_sha", "machine", "eval_s", "train_s", "run_s", "seconds_per_q", "reused_from")
 """Grid columns a comparison skips: provenance and wall-clock seconds, which differ between any two runs."""
 
 
