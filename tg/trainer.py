@@ -10,7 +10,7 @@ One step:
    chains: plain GRPO by prompt, plus GiGPO's step-group advantage per step with `optim.step_groups`,
    tg.advantage.step_group_advantages);
 4. one training row per leaf: its exact sampled ids and observation mask (shared prefixes repeat;
-   with `optim.pack_trees` each tree's rows run as one sequence along their shared prefixes, and a
+   with `optim.pack_trees` each tree's rows run as one sequence along their shared prefixes; a
    micro-batch's common start, the prompt's instructions, runs once for all its rows; tg.packing);
 5. old log-probs once, reference log-probs once (adapter disabled), then PPO mini-batches of
    `mini_batch_prompts` questions, with gradient accumulation over `micro_batch_rows` rows, AdamW,
@@ -285,9 +285,7 @@ class Trainer:
         shared = common_prefix(ids, int(col.min())) if self.share_prefix and len(col) else 0
         trees = [rows.tree[int(r)] for r in idx]
         if not self.cfg.optim.pack_trees or len(set(trees)) == len(trees):  # no two rows share a tree: nothing to pack
-            if not shared:
-                return Micro(idx, ids, attn, policy, at=row * width + col)  # into logits [B * width, V]
-            packed, at = rows_batch(ids), row * width + col
+            packed, at = rows_batch(ids) if shared else None, row * width + col  # into logits [B * width, V]
         else:
             order = sorted(range(len(idx)), key=lambda i: trees[i])  # stable: rows of a tree in order
             groups: dict[int, list[list[int]]] = {}
@@ -297,8 +295,10 @@ class Trainer:
             packed = pack_batch(list(groups.values()), width, self.pad_id)
             unpack = torch.tensor(order).argsort()  # row i of the micro-batch is packed row unpack[i]
             at = packed.where[unpack[row], col]
-        P = packed.ids.shape[1]  # the forward's logits leave out each sequence's first `shared` positions
-        return Micro(idx, ids, attn, policy, at=at // P * (P - shared) + at % P - shared, packed=packed, shared=shared)
+        if packed is not None:  # the forward's logits leave out each sequence's first `shared` positions
+            P = packed.ids.shape[1]
+            at = at // P * (P - shared) + at % P - shared
+        return Micro(idx, ids, attn, policy, at=at, packed=packed, shared=shared)
 
     def _forward_logprobs(self, model: Any, mb: Micro, prefix_model: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs [B, width] of the micro-batch's policy tokens (0 elsewhere) and the logits [N, V] that
