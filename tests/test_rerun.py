@@ -17,7 +17,7 @@ from tg.agent.world import REPO_ROOT
 from tg.experiments import rerun
 from tg.experiments.mini import GRID_THREADS
 
-GRID = REPO_ROOT / "results" / "mini" / "next" / "budget.csv"
+GRID = REPO_ROOT / "results" / "mini" / "budget.csv"
 CELL, SEED, STEPS = "multi-hop/moderate/tree", 0, 2
 ROLLOUT = ("reward", "em", "format_valid", "tool_calls", "tool_calls_per_traj", "generated", "prefill",
            "prefill_saved", "trajectories", "zero_std_intra", "zero_std_inter", "adv_mean", "adv_std")

@@ -10,7 +10,7 @@ another instruction set changes float sums, so values drift apart after some ste
 
 A whole grid rerun into another root (`tg mini run GRID --root DIR`) is compared with the committed one row by row,
 every column but provenance and wall-clock seconds, with `tg mini compare GRID --root DIR` (or `tg mini compare
-results/mini/next/GRID.csv`).
+DIR/results/mini/GRID.csv`).
 """
 
 from __future__ import annotations
