@@ -41,7 +41,7 @@ def test_training_cell_writes_one_row_per_point_and_resumes(tmp_path):
     # the worker's wall time of each row's segment: its steps, checkpoint write and evaluation (more than the steps)
     assert all(float(x["run_s"]) > float(x["train_s"]) - float(y.get("train_s") or 0)
                for x, y in zip(rows, [{}] + rows))
-    assert len(r["config_hash"]) == 12 and r["git_sha"] and r["date"]
+    assert len(r["config_hash"]) == 12 and r["git_sha"] and r["date"] and mini.EARLIER_KEY not in r
     steps = _rows(mini.steps_path(path))                          # each step's training metrics, at full precision
     assert [(r["cell"], r["seed"], r["step"]) for r in steps] == [(cell.name, "0", "1"), (cell.name, "0", "2")]
     assert float(steps[0]["grad_norm"]) > 0 and repr(float(steps[0]["reward"])) == steps[0]["reward"]
@@ -66,6 +66,7 @@ def test_a_run_resumed_after_an_interruption_counts_its_earlier_steps_in_run_s(t
     steps = _rows(mini.steps_path(path))
     assert [s["step"] for s in steps if s["cell"] == first.name][-2:] == ["1", "2"]
     assert float(row["run_s"]) > float(row["train_s"]) > 0  # steps 1 and 2, though this attempt trained step 2 only
+    assert mini.EARLIER_KEY not in row                       # counted in run_s, not a column of its own
 
 
 def _check_rerun(path, cell, tmp_path):

@@ -272,7 +272,8 @@ def run_job(job: Job, root: Path) -> Iterator[dict]:
     resumed after an interruption count once, by their timers)."""
     t0 = time.perf_counter()
     for row in _job_rows(job, root):
-        yield {**row, "run_s": round(time.perf_counter() - t0 + row.pop(EARLIER_KEY, 0.0), 1)}
+        earlier = row.pop(EARLIER_KEY, 0.0)
+        yield {**row, "run_s": round(time.perf_counter() - t0 + earlier, 1)}
         t0 = time.perf_counter()
 
 
