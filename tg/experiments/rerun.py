@@ -188,7 +188,7 @@ def compare_rows(grid: str, kind: str, committed_csv: Path, rerun_csv: Path, ski
 def compare_grid(grid_or_csv: str, rerun_root: str | Path | None = None,
                  root: str | Path | None = None) -> list[GridComparison]:
     """The rows and per-step metrics of a rerun grid (a grid name under `rerun_root`, where `tg mini run GRID
-    --root DIR` wrote, or a CSV such as results/mini/next/budget.csv) against the committed ones of the same grid
+    --root DIR` wrote, or a CSV such as /tmp/rerun/results/mini/budget.csv) against the committed ones of the same grid
     under `root` (default: this checkout)."""
     new = grid_csv(grid_or_csv, rerun_root)
     old = mini_dir(root) / new.name
