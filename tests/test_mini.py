@@ -45,6 +45,10 @@ def test_training_cell_writes_one_row_per_point_and_resumes(tmp_path):
     steps = _rows(mini.steps_path(path))                          # each step's training metrics, at full precision
     assert [(r["cell"], r["seed"], r["step"]) for r in steps] == [(cell.name, "0", "1"), (cell.name, "0", "2")]
     assert float(steps[0]["grad_norm"]) > 0 and repr(float(steps[0]["reward"])) == steps[0]["reward"]
+    questions = _rows(mini.questions_path(path))                 # each evaluation's per-question outcomes
+    assert [(q["cell"], q["step"]) for q in questions] == [(cell.name, "1"), (cell.name, "2")]
+    assert questions[0]["n_single"] == "3" and len(questions[0]["correct"]) == len(questions[0]["searches"]) == 6
+    assert r["machine"] == open(tmp_path / "runs" / "mini" / "smoke" / "multi-hop_moderate_tree-s0" / "machine.txt").read().strip()
     before = path.read_text(), mini.steps_path(path).read_text()
     assert mini.pending_jobs("smoke", [cell], path) == []
     mini.run_experiment("smoke", workers=1, root=tmp_path, cells=[cell])

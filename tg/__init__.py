@@ -42,7 +42,8 @@ with sits in five subpackages.
       mini.py       the paper's claims in miniature: named experiment grids (`tg mini`); summary.py reads them
       rerun.py      `tg mini rerun`: retrain one committed row, step by step beside the committed metrics
       claims.py     the claims table: the declared comparisons and their verdicts; report.py writes it
-      verdict.py    paired t-test, Holm's correction, the verdict rule (pure)
+      verdict.py    paired and one-sided t-tests, Holm's correction, two-look levels, the verdict rule (scipy)
+      confirm.py    the confirmatory experiment's declared protocol and rule (results/mini/confirm.md)
       lesson.py     the notebooks' set-up in one call (`setup`) and self-checking exercises (`exercise`)
     store/          what a run writes
       files.py      result CSVs safe under concurrent writers (`append_csv_rows`) and their `provenance`

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
+import pandas as pd
 
 from tg.config import Config, ConfigError, load_config
 from tg.store.files import append_csv_rows, provenance
@@ -114,8 +115,9 @@ def experiments() -> dict[str, list[Cell]]:
     for regime in ("hard", "moderate"):
         branching += _train_cells(regime, "multi-hop", {"chain": CHAIN4, "chain+steps": CHAIN4 + ("optim.step_groups=1.0",),
                                                         "tree": TREE221, "tree-entropy": TREE221 + ("tree.node_rule=entropy",)})
+    from tg.experiments import confirm  # the confirmatory grid (results/mini/confirm.md): its own module
     return {"budget": budget, "ledger": ledger, "theory": theory, "ablation": ablation, "shapes": shapes,
-            "sweep": sweep, "branching": branching}
+            "sweep": sweep, "branching": branching, confirm.GRID: confirm.cells()}
 
 
 def select_cells(name: str, wanted: list[str] | None = None) -> list[Cell]:
@@ -143,7 +145,8 @@ def describe(name: str | None = None) -> str:
         lines.append(f"[{exp}]")
         for c in grids[exp]:
             pts = ",".join(map(str, c.points)) if c.kind == "train" else "-"
-            lines.append(f"  {c.name:<36}{c.kind:<7} seeds {len(c.seeds):>2}  steps {pts:<6} {' '.join(c.overrides)}")
+            stage = f"stage {c.labels['stage']:<10}" if "stage" in c.labels else ""
+            lines.append(f"  {c.name:<36}{c.kind:<7} seeds {len(c.seeds):>2}  steps {pts:<6} {stage}{' '.join(c.overrides)}")
     return "\n".join(lines)
 
 
@@ -248,6 +251,35 @@ def _eval_columns(result: Any) -> dict:
             "n_single": len(single), "n_multi": len(multi)}
 
 
+QUESTIONS_KEY = "_questions"
+"""An evaluated row carries its per-question outcomes under this key; the parent writes them to `questions_path`."""
+
+
+def questions_path(path: Path) -> Path:
+    """The per-question outcomes beside a grid's CSV: results/mini/questions/<grid>.csv."""
+    return path.parent / "questions" / path.name
+
+
+def question_outcomes(result: Any, questions: list[Any]) -> dict:
+    """One evaluation's test questions, compact: `correct` (one 0/1 character per question) and `searches` (one
+    digit per question), single-hop questions first, in test-set order; `ids` a hash of that order."""
+    import hashlib
+
+    from tg.agent.data import is_single_hop
+    if sorted({float(x) for x in result.scores} - {0.0, 1.0}) or max(result.tool_calls, default=0) > 9:
+        raise ValueError("question outcomes hold 0/1 scores and at most 9 searches per question")
+    n_single = sum(is_single_hop(s) for s in result.sources)
+    return {"n_single": n_single, "ids": hashlib.sha256("\n".join(q.id for q in questions).encode()).hexdigest()[:12],
+            "correct": "".join(str(int(x)) for x in result.scores), "searches": "".join(map(str, result.tool_calls))}
+
+
+def outcome_vector(row: Any, part: str, column: str = "correct") -> np.ndarray:
+    """One question-level row's outcomes of `part` ('single' or 'multi') as an integer array."""
+    digits = np.array([int(c) for c in str(row[column])])
+    n_single = int(row["n_single"])
+    return digits[:n_single] if part == "single" else digits[n_single:]
+
+
 def _training_columns(metrics: list[dict]) -> dict:
     """Training-side means up to this point: reward (last 10 steps), the budget ledger per question, seconds
     (`train_s`: the step timers summed up to this point)."""
@@ -291,20 +323,40 @@ def _job_rows(job: Job, root: Path) -> Iterator[dict]:
         res = load_resources(cfg)
         model, tok = load_policy(res.policy_path)
         t0 = time.perf_counter()
-        cols = _eval_columns(evaluate_model(model, tok, res, cfg, progress=False))
-        yield {**_provenance(cfg, job.cell, job.seed, 0), **cols, "eval_s": round(time.perf_counter() - t0, 1)}
+        result = evaluate_model(model, tok, res, cfg, progress=False)
+        yield {**_provenance(cfg, job.cell, job.seed, 0), **_eval_columns(result),
+               "eval_s": round(time.perf_counter() - t0, 1), QUESTIONS_KEY: _questions(result, res, cfg)}
     else:
         from tg.pipeline import build_run, train_and_evaluate
         from tg.store.rundir import has_checkpoint, read_checkpoint
         from tg.trainer import TIMERS
         run = build_run(cfg, root / "runs" / "mini" / job.experiment / f"{job.cell.name}-s{job.seed}".replace("/", "_"))
         resumed_at = read_checkpoint(run.trainer.run_dir, mmap=True).state["step"] if has_checkpoint(run.trainer.run_dir) else 0
+        machines = _run_machines(run.trainer.run_dir, resumed_at > 0)
         for p, metrics, result in train_and_evaluate(run, cfg, job.points, resumed_at > 0, progress=False):
             prev = max((q for q in job.cell.points if q < p), default=0)
             steps = [{"cell": job.cell.name, "seed": job.seed, **m} for m in metrics if prev < m["step"] <= p]
             earlier = sum(m[k] for m in steps if m["step"] <= resumed_at for k in TIMERS)
-            yield {**_provenance(cfg, job.cell, job.seed, p), **_eval_columns(result), **_training_columns(metrics),
-                   STEPS_KEY: steps, EARLIER_KEY: earlier}
+            yield {**_provenance(cfg, job.cell, job.seed, p), "machine": machines, **_eval_columns(result),
+                   **_training_columns(metrics), STEPS_KEY: steps, EARLIER_KEY: earlier,
+                   QUESTIONS_KEY: _questions(result, run.resources, cfg)}
+
+
+def _questions(result: Any, res: Any, cfg: Config) -> dict:
+    single, multi = res.test_sets(cfg)
+    return question_outcomes(result, single + multi)
+
+
+def _run_machines(run_dir: Path, resumed: bool) -> str:
+    """The CPU kind(s) that trained a run: this one, or 'A → B' when it resumes a checkpoint made on another kind
+    (run_dir/machine.txt keeps the first); floats depend on it, so a pair's report flags a mixed run."""
+    from tg.agent.warmup import machine
+    mark, now = run_dir / "machine.txt", machine()
+    first = mark.read_text().strip() if resumed and mark.exists() else ""
+    if not first:
+        mark.write_text(now + "\n")
+        return now
+    return now if first == now else f"{first} → {now}"
 
 
 def ledger_columns(cfg: Config, n_questions: int = 16) -> dict:
@@ -368,6 +420,12 @@ def run_experiment(name: str, workers: int = 2, root: str | Path | None = None,
     cells = select_cells(name) if cells is None else cells
     root = Path(root) if root else resolve(".")
     path = mini_dir(root) / f"{name}.csv"
+    if name == "confirm":  # the declared rule picks the stage (tg.experiments.confirm, results/mini/confirm.md)
+        from tg.experiments import confirm
+        rows = pd.read_csv(path) if path.exists() else None
+        cells = confirm.active_cells(cells, rows)
+        print(f"experiment confirm: {confirm.primary_verdict(rows) if rows is not None else 'stage 1 running'}; "
+              f"stages run now: {', '.join(sorted({c.labels['stage'] for c in cells}))}", flush=True)
     reused = reuse_rows(cells, path)
     if reused:
         print(f"experiment {name}: {len(reused)} rows copied from identical configurations already run "
@@ -428,6 +486,10 @@ def _collect(events: Any, path: Path, bar: Any, errors: list[str], n_jobs: int |
             done = done_keys(steps_path(path))
             if new := [r for r in steps if _row_key(r) not in done]:  # steps first: a row means its steps are in
                 append_csv_rows(steps_path(path), new)
+            if outcomes := payload.pop(QUESTIONS_KEY, None):
+                key = {k: payload[k] for k in ("cell", "seed", "step")}
+                if _row_key(key) not in done_keys(questions_path(path)):
+                    append_csv_rows(questions_path(path), [{**key, **outcomes}])
             append_csv_rows(path, [payload])
             step = int(payload["step"]) if job.cell.kind == "train" else 0
             bar.update(max(step - progressed.get(job, 0), 0))

@@ -1,4 +1,4 @@
-"""Verdicts by a declared rule: paired differences, a paired t-test, Holm's correction (pure, stdlib only).
+"""Verdicts by a declared rule: paired differences, paired t-tests, Holm's correction, a two-look boundary.
 
 The claims table (`tg.experiments.claims`) compares two cells of a grid seed by seed (the same seed gives both cells the
 same question order), so each comparison is a list of paired differences d_1..d_n. For each:
@@ -12,8 +12,9 @@ that the chance of any false "holds" in the family stays below alpha. A comparis
 - "opposite": adjusted p < alpha and the effect has the other sign;
 - "not shown": otherwise (a difference this test cannot tell from seed noise; not a shown absence).
 
-The t distribution's CDF is computed exactly in closed form for integer degrees of freedom (Abramowitz &
-Stegun 26.7.3 and 26.7.4), which a paired test always has, so no special-function library is needed.
+This module keeps the rules; the arithmetic is scipy's (`scipy.stats.ttest_1samp`, the t and normal distributions,
+the bivariate normal CDF) and statsmodels' (`multipletests`, Holm). The confirmatory experiment's two-look rule
+(`tg.experiments.confirm`) uses `one_sided_test` and `two_look_levels`.
 """
 
 from __future__ import annotations
@@ -22,47 +23,17 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
+from scipy import optimize, stats
+from statsmodels.stats.multitest import multipletests
+
 ALPHA = 0.05
 """The family-wise error rate of the verdicts (Holm-adjusted p below it)."""
 
 
-def t_two_sided_p(t: float, df: int) -> float:
-    """P(|T| >= |t|) for Student's t with integer `df` >= 1 degrees of freedom.
-
-    With theta = atan(|t| / sqrt(df)), P(|T| < |t|) is a finite series in cos(theta) (Abramowitz & Stegun
-    26.7.3 for odd df, 26.7.4 for even); exact up to float round-off (absolute error about 1e-16)."""
-    if df < 1 or df != int(df):
-        raise ValueError(f"df must be a positive integer, got {df}")
-    if math.isinf(t):
-        return 0.0
-    theta = math.atan(abs(t) / math.sqrt(df))
-    s, c = math.sin(theta), math.cos(theta)
-    if df % 2:  # odd: (2/pi) (theta + sin cos (1 + 2/3 cos^2 + 2*4/(3*5) cos^4 + ...)), (df - 1) / 2 terms
-        series, term = 0.0, c
-        for j in range(1, (df - 1) // 2 + 1):
-            series += term
-            term *= c * c * (2 * j) / (2 * j + 1)
-        inside = 2 / math.pi * (theta + s * series)
-    else:       # even: sin (1 + 1/2 cos^2 + 1*3/(2*4) cos^4 + ...), df / 2 terms
-        series, term = 0.0, 1.0
-        for j in range(1, df // 2 + 1):
-            series += term
-            term *= c * c * (2 * j - 1) / (2 * j)
-        inside = s * series
-    return min(1.0, max(0.0, 1.0 - inside))
-
-
 def t_critical(alpha: float, df: int) -> float:
-    """The t with P(|T| >= t) = alpha (e.g. 2.776 for alpha 0.05 and df 4), by bisection on `t_two_sided_p`."""
-    lo, hi = 0.0, 1.0
-    while t_two_sided_p(hi, df) > alpha:
-        lo, hi = hi, 2 * hi
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if t_two_sided_p(mid, df) > alpha else (lo, mid)
-        if hi - lo < 1e-13 * hi:
-            break
-    return (lo + hi) / 2
+    """The t with P(|T| >= t) = alpha on `df` degrees of freedom (e.g. 2.776 for alpha 0.05 and df 4)."""
+    return float(stats.t.isf(alpha / 2, df))
 
 
 @dataclass(frozen=True)
@@ -86,27 +57,69 @@ def paired_test(diffs: Sequence[float]) -> PairedTest:
     n = len(diffs)
     if n < 2:
         raise ValueError(f"a paired test needs at least 2 differences, got {n}")
-    mean = math.fsum(diffs) / n
-    se = math.sqrt(math.fsum((d - mean) ** 2 for d in diffs) / (n - 1) / n)
-    if se == 0:
-        p = 1.0 if mean == 0 else 0.0
-    else:
-        p = t_two_sided_p(mean / se, n - 1)
-    half = t_critical(0.05, n - 1) * se
-    return PairedTest(n=n, effect=mean, se=se, p=p, ci_low=mean - half, ci_high=mean + half)
+    d = np.asarray(diffs, dtype=float)
+    mean, se = float(d.mean()), float(stats.sem(d))
+    if se == 0:  # scipy's t is undefined here; the rule: a constant non-zero difference is certain
+        return PairedTest(n=n, effect=mean, se=0.0, p=1.0 if mean == 0 else 0.0, ci_low=mean, ci_high=mean)
+    r = stats.ttest_1samp(d, 0.0)
+    ci = r.confidence_interval(0.95)
+    return PairedTest(n=n, effect=mean, se=se, p=float(r.pvalue), ci_low=float(ci.low), ci_high=float(ci.high))
 
 
 def holm(p: Sequence[float]) -> list[float]:
-    """Holm's step-down adjusted p-values, in the order given: with p sorted ascending p_(1) <= ... <= p_(m),
-    adjusted p_(i) = max over j <= i of min(1, (m - j + 1) p_(j)). A comparison holds at family-wise level alpha
-    exactly where its adjusted p < alpha (as R's p.adjust(p, "holm"))."""
-    m = len(p)
-    adjusted = [1.0] * m
-    running = 0.0
-    for rank, i in enumerate(sorted(range(m), key=lambda k: p[k])):
-        running = max(running, min(1.0, (m - rank) * p[i]))
-        adjusted[i] = running
-    return adjusted
+    """Holm's step-down adjusted p-values, in the order given (statsmodels' `multipletests`, as R's
+    p.adjust(p, "holm")): a comparison holds at family-wise level alpha exactly where its adjusted p < alpha."""
+    return [float(x) for x in multipletests(list(p), method="holm")[1]] if len(p) else []
+
+
+@dataclass(frozen=True)
+class OneSidedTest:
+    """A one-sided t-test of mean(d) > 0 at a nominal level, and the upper confidence bound at that level."""
+
+    n: int
+    effect: float
+    se: float
+    p: float
+    """one-sided p of mean(d) > 0"""
+    upper: float
+    """the one-sided (1 - level) upper confidence bound of mean(d)"""
+    ci_low: float
+    ci_high: float
+    """the two-sided 95% t interval (reported; the rule reads `p` and `upper`)"""
+
+
+def one_sided_test(diffs: Sequence[float], level: float) -> OneSidedTest:
+    """`scipy.stats.ttest_1samp` of `diffs` with H1: mean > 0, and the upper bound of the one-sided interval at
+    confidence 1 - `level` (mean(d) < bound); n >= 2 and not all equal."""
+    d = np.asarray(diffs, dtype=float)
+    if len(d) < 2 or float(stats.sem(d)) == 0:
+        raise ValueError(f"a t-test needs at least 2 differences that are not all equal, got {d.tolist()}")
+    greater = stats.ttest_1samp(d, 0.0, alternative="greater")
+    upper = stats.ttest_1samp(d, 0.0, alternative="less").confidence_interval(1 - level).high
+    ci = stats.ttest_1samp(d, 0.0).confidence_interval(0.95)
+    return OneSidedTest(n=len(d), effect=float(d.mean()), se=float(stats.sem(d)), p=float(greater.pvalue),
+                        upper=float(upper), ci_low=float(ci.low), ci_high=float(ci.high))
+
+
+def obrien_fleming_spent(fraction: float, alpha: float) -> float:
+    """Lan and DeMets' O'Brien-Fleming-type spending function: the one-sided alpha spent once a share `fraction`
+    of the planned information is in, 2 - 2 Phi(z_{alpha/2} / sqrt(fraction)) (alpha at fraction 1)."""
+    return float(2 * stats.norm.sf(stats.norm.isf(alpha / 2) / math.sqrt(fraction)))
+
+
+def two_look_levels(n1: int, n2: int, alpha: float = ALPHA) -> tuple[float, float]:
+    """The nominal one-sided levels (a1, a2) of a test looked at with n1 and then n2 seeds: a1 is the
+    O'Brien-Fleming-type spending at n1 / n2, and a2 makes the chance of crossing at either look alpha, with the
+    two looks' z statistics jointly normal with correlation sqrt(n1 / n2) (scipy's bivariate normal CDF)."""
+    if not 1 <= n1 < n2:
+        raise ValueError(f"two looks need 1 <= n1 < n2, got n1 = {n1}, n2 = {n2}")
+    a1 = obrien_fleming_spent(n1 / n2, alpha)
+    c1, rho = stats.norm.isf(a1), math.sqrt(n1 / n2)
+    joint = stats.multivariate_normal(mean=[0.0, 0.0], cov=[[1.0, rho], [rho, 1.0]], abseps=1e-10, releps=1e-10, seed=0)
+    def excess(c2: float) -> float:  # P(Z1 < c1, Z2 >= c2) - (alpha - a1)
+        return stats.norm.cdf(c1) - joint.cdf([c1, c2]) - (alpha - a1)
+    c2 = optimize.brentq(excess, 0.0, c1 + 5.0, xtol=1e-12)
+    return a1, float(stats.norm.sf(c2))
 
 
 def verdict(effect: float, p_adjusted: float, sign: int, alpha: float = ALPHA) -> str:
