@@ -3,6 +3,7 @@ where `tg eval --policy` looks, and `tg retriever serve` saying where it serves 
 
 from __future__ import annotations
 
+import csv
 import json
 import socket
 import subprocess
@@ -123,3 +124,54 @@ def test_tg_mini_run_all_runs_every_grid_in_turn(monkeypatch, tmp_path: Path, ca
     assert ran == [(name, str(tmp_path), len(cells)) for name, cells in mini.experiments().items()]
     assert main(["mini", "run", "all", "--cell", "chain"]) == 2
     assert "name one grid with --cell" in capsys.readouterr().err
+
+
+SMALL = ["--steps", "1", "--set", "optim.prompts_per_step=2", "--set", "optim.mini_batch_prompts=2",
+         "--set", "agent.max_step_tokens=30", "--set", "eval.n_single=4", "--set", "eval.n_multi=4"]
+
+
+def test_eval_of_a_run_directory_uses_the_runs_saved_config(monkeypatch, tmp_path: Path, capsys) -> None:
+    """A LoRA run on the calculator is scored on the calculator, with its adapter, under its saved config; --set
+    changes a field, a second preset is refused."""
+    from tg import commands
+    monkeypatch.setattr(commands, "RESULTS", str(tmp_path / "results"))
+    run = tmp_path / "run"
+    assert main(["train", "--method", "chain", "--group-size", "2", "--run-dir", str(run), "--skip-preflight",
+                 "--set", "agent.env=calculator", "--set", "model.finetune=lora", *SMALL]) == 0
+    capsys.readouterr()
+    out = tmp_path / "eval.csv"
+    assert main(["eval", "--policy", str(run), "--out", str(out), "--set", "eval.n_multi=3"]) == 0
+    printed = capsys.readouterr().out
+    assert "env                          calculator" in printed and "finetune                     lora" in printed
+    [row] = list(csv.DictReader(out.open()))
+    assert row["calculator"] != "" and "nq" not in row and row["n"] == "3" and row["step"] == "1"
+    assert main(["eval", "--policy", str(run), "--out", str(out), "--preset", "cpu"]) == 2
+    assert "evaluates the run under its saved tg_config.json (preset cpu): drop --preset" in _stderr_line(capsys)
+
+
+@pytest.fixture
+def trained(monkeypatch) -> list:
+    """`tg train` stopped at its config: the configs it would train, in order."""
+    from tg import commands
+    got: list = []
+    monkeypatch.setattr(commands, "train", lambda cfg, *args, **kwargs: got.append(cfg) or {})
+    return got
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["--method", "chain", "--group-size", "0"], "tree.M"),
+    (["--method", "chain", "--group-size", "-2"], "tree.M"),
+    (["--method", "tree", "--M", "0"], "tree.M"),
+    (["--method", "tree", "--steps", "0"], "optim.steps"),
+    (["--method", "tree", "--steps", "-5"], "optim.steps"),
+])
+def test_a_count_given_is_used_or_refused_never_replaced_by_a_default(argv, field, trained, capsys) -> None:
+    assert main(["train", *argv]) == 2 and trained == []
+    assert _stderr_line(capsys).startswith(f"tg: config field `{field}` = ")
+
+
+def test_the_methods_shape_applies_before_set_is_checked(trained) -> None:
+    assert main(["train", "--method", "chain", "--group-size", "4", "--set", "optim.step_groups=0.5",
+                 "--steps", "3", "--seed", "0"]) == 0
+    [cfg] = trained
+    assert (cfg.tree.M, cfg.tree.N, cfg.tree.L, cfg.optim.step_groups, cfg.optim.steps) == (4, 0, 0, 0.5, 3)

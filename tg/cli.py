@@ -36,26 +36,49 @@ from tg.config import Config, ConfigError, load_config
 
 
 def _config(args: argparse.Namespace) -> Config:
-    cfg = load_config(args.preset, *args.set, schedule=args.schedule, recipe=args.recipe)
-    if getattr(args, "method", None):
-        cfg = method_config(cfg, args.method, args.M, args.N, args.L, args.group_size)
-    if getattr(args, "steps", None):
-        cfg = cfg.replace(optim=dict(steps=args.steps))
-    if getattr(args, "seed", None) is not None:
-        cfg = cfg.replace(optim=dict(seed=args.seed))
+    """The command's config: the preset, schedule and recipe, then --set, then what --method, --steps and --seed
+    say (a count given is used as given: a zero or negative one is refused by the config's checks, never
+    replaced by a default), validated once, after all of them. `tg eval --policy RUN_DIR` starts instead from
+    the run's saved config."""
+    given = method_overrides(args.method, args.M, args.N, args.L, args.group_size) if getattr(args, "method", None) \
+        else []
+    given += [f"optim.{k}={getattr(args, k)}" for k in ("steps", "seed") if getattr(args, k, None) is not None]
+    saved = _eval_run_config(args) if args.command == "eval" else None
+    cfg = saved.with_overrides(*args.set) if saved else load_config(args.preset, *args.set, *given,
+                                                                    schedule=args.schedule, recipe=args.recipe)
     if args.command == "train":
         from tg.gpu.distributed import with_shards, world_size
         cfg = with_shards(cfg, world_size())  # under torchrun: one rollout shard per rank unless set
     return cfg
 
 
+def _eval_run_config(args: argparse.Namespace) -> Config | None:
+    """The saved config of the run `tg eval --policy` names (None for a model or hub id): the run is evaluated
+    as it was trained (its task, reward, fine-tuning and preset), changed only by --set."""
+    from tg.pipeline import policy_source, run_config
+    if not args.policy:
+        return None
+    saved = run_config(policy_source(args.policy)[1])
+    chosen = [f"--{k}" for k in ("preset", "schedule", "recipe") if getattr(args, k) is not None]
+    if saved is not None and chosen:
+        raise ConfigError(f"tg eval --policy {args.policy} evaluates the run under its saved tg_config.json "
+                          f"(preset {saved.preset}): drop {', '.join(chosen)}, and change single fields with --set")
+    return saved
+
+
+def method_overrides(method: str, M: int | None = None, N: int | None = None, L: int | None = None,
+                     group_size: int | None = None) -> list[str]:
+    """The tree shape a method names, as overrides: 'chain' with group size G (default 4) is the tree (G, 0, 0);
+    'tree' sets those of (M, N, L) given and keeps the rest."""
+    if method == "chain":
+        return [f"tree.M={4 if group_size is None else group_size}", "tree.N=0", "tree.L=0"]
+    return [f"tree.{k}={v}" for k, v in (("M", M), ("N", N), ("L", L)) if v is not None]
+
+
 def method_config(cfg: Config, method: str, M: int | None = None, N: int | None = None, L: int | None = None,
                   group_size: int | None = None) -> Config:
-    """'chain' with group size G (default 4) is the tree (G, 0, 0); 'tree' keeps or sets (M, N, L)."""
-    if method == "chain":
-        return cfg.replace(tree=dict(M=group_size or 4, N=0, L=0))
-    t = cfg.tree
-    return cfg.replace(tree=dict(M=M or t.M, N=t.N if N is None else N, L=t.L if L is None else L))
+    """`cfg` with the tree shape of `method_overrides`."""
+    return cfg.with_overrides(*method_overrides(method, M, N, L, group_size))
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:

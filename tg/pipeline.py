@@ -138,6 +138,14 @@ def policy_source(policy: str) -> tuple[str | None, Path | None]:
     return policy, None
 
 
+def run_config(checkpoint: Path | None) -> Config | None:
+    """The config a checkpoint was trained under: its run directory's `tg_config.json` (None without one, or
+    for no checkpoint). `tg eval` evaluates a run under it, so the run's task, reward, fine-tuning (LoRA
+    weights need their adapter) and starting policy are the trained ones."""
+    from tg.store.rundir import saved_config
+    return saved_config(checkpoint.parent) if checkpoint is not None else None
+
+
 def load_resources(cfg: Config) -> Resources:
     """Build or load everything the config names (world, index, warmed-up policy are cached)."""
     d = _data_dir(cfg)
