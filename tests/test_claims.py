@@ -157,3 +157,12 @@ def test_the_cost_table_gives_each_machine_kind_its_own_line():
                           for c, s in (("a", 0), ("a", 1), ("a", 2), ("b", 0)) for k in range(1, 11)])
     lines = summary.cost_table({"ablation": df}, {"ablation": steps}).splitlines()
     assert [line.split(" | ")[4] for line in lines[2:4]] == ["1.0 / 0.0 / 2.0", "2.0 / 0.0 / 4.0"]
+
+
+def test_pairs_trained_on_two_cpu_kinds_are_counted():
+    """In the committed sweep every tree (2,2,1) − chain-16 pair was trained on two CPU kinds; budget's pairs on one."""
+    from tg.experiments.claims import evaluate, load_frames
+    results = {(r.comparison.grid, r.comparison.cell, r.comparison.reference, r.comparison.regime): r
+               for r in evaluate(load_frames())}
+    assert [results["sweep", "tree (2,2,1)", "chain-16", s].mixed for s in ("hard", "moderate")] == [5, 5]
+    assert results["budget", "tree", "chain", "hard"].mixed == 0

@@ -137,3 +137,15 @@ def test_committed_rows_follow_the_protocol():
     assert set(zip(questions["cell"], questions["seed"], questions["step"])) == set(
         zip(trained["cell"], trained["seed"], trained["step"]))
     assert not rows.duplicated(["cell", "seed", "step"]).any()
+
+
+def test_the_generated_sentence_and_report():
+    from tg.experiments import confirm_report
+    rng = np.random.default_rng(1)
+    rows = _rows({s: 3.0 + rng.normal(0, 0.5) for s in confirm.STAGE1_SEEDS}).assign(stage="1", run_s=100.0)
+    line = confirm_report.sentence(rows=rows)
+    assert line.startswith("tree (2,2,1) − chain (G = 4), multi-hop EM at step 60, 12 fresh seeds: +3.")
+    assert "(95% CI +" in line and line.endswith(": holds")
+    assert confirm_report.sentence(rows=rows.iloc[:8]).endswith("(2 of 12 seeds complete; no look yet)")
+    assert confirm_report.cost(rows) == "Cost so far (worker hours, from `run_s`; two workers share two cores): " \
+                                        "stage 1: 1.3 h over 48 runs."

@@ -106,6 +106,8 @@ class Result:
     test: PairedTest | None
     p_holm: float
     verdict: str
+    mixed: int = 0
+    """pairs whose two runs were trained on different CPU kinds (`mixed_pairs`)"""
 
 
 def differences(rows: pd.DataFrame, c: Comparison) -> pd.Series:
@@ -117,6 +119,18 @@ def differences(rows: pd.DataFrame, c: Comparison) -> pd.Series:
     return (d - differences(rows, c.minus)).dropna() if c.minus else d
 
 
+def mixed_pairs(rows: pd.DataFrame, c: Comparison) -> int:
+    """How many seeds' cell and reference rows at `FINAL_STEP` were made on different CPU kinds (`machine`): floats
+    depend on the kind, so such a pair confounds the machine with the cell."""
+    if "machine" not in rows:
+        return 0
+    at = rows[rows["step"] == FINAL_STEP]
+    def kind(cell: str) -> pd.Series:
+        return at[at["cell"] == f"{c.setting}/{c.regime}/{cell}"].set_index("seed")["machine"].astype(str)
+    both = pd.concat([kind(c.cell), kind(c.reference)], axis=1).dropna()
+    return int((both.iloc[:, 0] != both.iloc[:, 1]).sum()) + (mixed_pairs(rows, c.minus) if c.minus else 0)
+
+
 def evaluate(frames: Mapping[str, pd.DataFrame], family: list[Comparison] = FAMILY) -> list[Result]:
     """Test every comparison of `family` on the rows of its grid (`frames`: grid name -> rows), correct the
     p-values over the whole family (Holm; a comparison without two paired seeds counts with p = 1) and give
@@ -126,7 +140,8 @@ def evaluate(frames: Mapping[str, pd.DataFrame], family: list[Comparison] = FAMI
         d = differences(frames[c.grid], c) if c.grid in frames else pd.Series(dtype=float)
         tests.append(paired_test(d.tolist()) if len(d) >= 2 else None)
     adjusted = holm([t.p if t else 1.0 for t in tests])
-    return [Result(c, t, p, verdict(t.effect, p, c.sign) if t else "not run")
+    return [Result(c, t, p, verdict(t.effect, p, c.sign) if t else "not run",
+                   mixed_pairs(frames[c.grid], c) if c.grid in frames and t else 0)
             for c, t, p in zip(family, tests, adjusted)]
 
 
@@ -165,10 +180,10 @@ def _p(p: float) -> str:
 def _comparison_row(r: Result) -> list[str]:
     c, t = r.comparison, r.test
     if t is None:
-        return ["", c.label(), c.regime, "", "", "", "", "", r.verdict]
+        return ["", c.label(), c.regime, "", "", "", "", "", "", r.verdict]
     f = ".2f" if c.metric == "calls_multi" else ".1f"
     return ["", c.label(), c.regime, f"{t.effect:+{f}} ± {t.se:{f}}", f"{t.ci_low:+{f}}, {t.ci_high:+{f}}", str(t.n),
-            _p(t.p), _p(r.p_holm), r.verdict]
+            f"{r.mixed} of {t.n}" if r.mixed else "", _p(t.p), _p(r.p_holm), r.verdict]
 
 
 def claims_table(results: list[Result], rules: Mapping[int, tuple[str, str]]) -> str:
@@ -180,20 +195,20 @@ def claims_table(results: list[Result], rules: Mapping[int, tuple[str, str]]) ->
         parts = [r for r in results if claim in r.comparison.claims]
         if claim in rules:
             shown, decided = rules[claim]
-            rows += [[f"**{claim}**", f"**{text}**", "", "", "", "", "", "", f"**{decided}**"],
-                     ["", shown, "", "", "", "", "", "", decided]]
+            rows += [[f"**{claim}**", f"**{text}**", "", "", "", "", "", "", "", f"**{decided}**"],
+                     ["", shown, "", "", "", "", "", "", "", decided]]
             continue
         held = sum(r.verdict == "holds" for r in parts)
         decided = claim_verdict([r.verdict for r in parts])
-        rows.append([f"**{claim}**", f"**{text}**", "", "", "", "", "", "",
+        rows.append([f"**{claim}**", f"**{text}**", "", "", "", "", "", "", "",
                      f"**{decided}** ({held} of {len(parts)} hold)"])
         rows += [_comparison_row(r) for r in parts]
     shared = sum(len(c.claims) > 1 for c in {r.comparison for r in results})
     seeds = min((r.test.n for r in results if r.test), default=0)
     bar = (f" With {seeds} seeds, even the family's smallest p holds only if |t| > "
            f"{t_critical(ALPHA / len(results), seeds - 1):.1f} (p < α / {len(results)})." if seeds > 1 else "")
-    return (markdown(["#", "claim; comparison (the paper's side)", "start", "effect ± se", "95% CI", "seeds", "p",
-                      "Holm p", "verdict"], rows)
+    return (markdown(["#", "claim; comparison (the paper's side)", "start", "effect ± se", "95% CI", "seeds",
+                      "pairs on 2 CPU kinds", "p", "Holm p", "verdict"], rows)
             + f"\n\nEffect: cell minus reference at step {FINAL_STEP}, paired by seed, mean ± standard error; p: "
               f"two-sided paired t-test; Holm p: adjusted over the {len(results)} distinct comparisons "
               f"({shared} of them serve two claims and are counted once); verdicts at family-wise "
@@ -251,8 +266,8 @@ def branching_table(frames: Mapping[str, pd.DataFrame]) -> str:
     elif tested:
         plainly = (f" None of the {len(tested)} tested comparisons differs beyond what these seeds can tell from "
                    "noise (\"not shown\" is not a shown absence).")
-    return (markdown(["", "comparison (the side its method expects)", "start", "effect ± se", "95% CI", "seeds", "p",
-                      "Holm p", "verdict"], [_comparison_row(r) for r in results])
+    return (markdown(["", "comparison (the side its method expects)", "start", "effect ± se", "95% CI", "seeds",
+                      "pairs on 2 CPU kinds", "p", "Holm p", "verdict"], [_comparison_row(r) for r in results])
             + f"\n\nEffect: cell minus reference at step {FINAL_STEP}, paired by seed, mean ± standard error; p: "
               f"two-sided paired t-test; Holm p: adjusted over these {len(results)} comparisons; verdicts at "
               f"family-wise α = {ALPHA}.{plainly}")
