@@ -121,6 +121,15 @@ def test_preflight_passes_for_the_cpu_preset(capsys):
     assert "all required checks passed" in out and "wall time" in out and "(given)" in out
 
 
+@pytest.mark.parametrize("gpus", ["0", "-4", "1000000"])
+def test_preflight_refuses_a_gpu_count_it_cannot_describe(gpus, capsys):
+    assert main(["preflight", "--preset", "cpu", "--no-measure", "--gpus", gpus]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"tg: --gpus {gpus} is not a GPU count the estimates describe: give 1 to {preflight.MAX_GPUS} "
+                   "(the ranks of one torchrun job) (--debug shows the traceback)"]
+    assert main(["preflight", "--preset", "cpu", "--no-measure", "--gpus", "2"]) == 0
+
+
 def test_checks_pass_with_local_model_data_and_server(tmp_path):
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text(json.dumps(dict(

@@ -20,12 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tg.config import Config
+from tg.config import Config, ConfigError
 from tg.gpu.estimate import (GIB, ModelShape, known_shape, largest_fitting, memory_estimate, run_seconds, sharded,
                          step_seconds, vllm_kv_tokens, workload)
 
 REFERENCE_GPU_GIB = 80
 """GPU size the memory estimate is shown against when no GPU is present."""
+MAX_GPUS = 1024
+"""The largest `--gpus` the estimates accept: they model the ranks of one torchrun job (the paper trains on 8,
+`tg plan` shows 1-8); a count beyond a thousand GPUs is taken for a typo, not estimated."""
 
 
 @dataclass(frozen=True)
@@ -307,7 +310,11 @@ def check_longest_sample(model: Any, cfg: Config, vocab: int) -> tuple[Check, Th
 
 
 def run_preflight(cfg: Config, given: Throughput | None = None, measure: bool = True, gpus: int = 1) -> list[Check]:
-    """All checks for `gpus` ranks; on a GPU (and `measure`) the starting policy is loaded and the longest sample run."""
+    """All checks for `gpus` ranks; on a GPU (and `measure`) the starting policy is loaded and the longest sample run.
+    Raises ConfigError for a GPU count outside 1 to MAX_GPUS."""
+    if not 1 <= gpus <= MAX_GPUS:
+        raise ConfigError(f"--gpus {gpus} is not a GPU count the estimates describe: give 1 to {MAX_GPUS} (the ranks "
+                          "of one torchrun job)")
     checks, shape = static_checks(cfg, gpus)
     tp = given
     can_measure = measure and given is None and shape is not None and gpu_bytes() is not None
