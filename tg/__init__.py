@@ -43,7 +43,8 @@ with sits in five subpackages.
       rerun.py      `tg mini rerun`: retrain one committed row, step by step beside the committed metrics
       claims.py     the claims table: the declared comparisons and their verdicts; report.py writes it
       verdict.py    paired and one-sided t-tests, Holm's correction, two-look levels, the verdict rule (scipy)
-      confirm.py    the confirmatory experiment's declared protocol and rule (results/mini/confirm.md)
+      confirm.py    the confirmatory experiment's declared protocol and rule (results/mini/confirm.md);
+                    confirm_report.py: its verdict sentence and report
       lesson.py     the notebooks' set-up in one call (`setup`) and self-checking exercises (`exercise`)
     store/          what a run writes
       files.py      result CSVs safe under concurrent writers (`append_csv_rows`) and their `provenance`

@@ -41,7 +41,11 @@ GRIDS: dict[str, str] = {
 
 def full_report(root: str | Path | None = None) -> str:
     """The claims table, then every grid's table, then the training cost (results/mini/README.md's report)."""
+    from tg.experiments.confirm_report import report as confirm_report
     parts = ["### The claims table", claims_report(root),
+             "### Claim 2 on fresh seeds: the confirmatory experiment",
+             "Declared before its first row ([confirm.md](confirm.md)); `figures/fig_mini_confirm.png`.",
+             confirm_report(root),
              "### Beyond the paper: where to branch", branching_table(load_frames(root))]
     for name, caption in GRIDS.items():
         try:
@@ -62,10 +66,23 @@ def blocks(root: str | Path | None = None) -> dict[Path, list[tuple[str, str]]]:
     from tg.agent.world import resolve
     from tg.experiments.summary import demo_table
     base = Path(root) if root else resolve(".")
-    readme = [("claims", claims_report(root, short=True))]
+    readme = [("claims", claims_report(root, short=True) + "\n\n" + confirm_line(root))]
     if (base / "results" / "demo.csv").exists():
         readme.append(("demo", demo_table(base / "results" / "demo.csv")))
     return {base / "README.md": readme, base / "results" / "mini" / "README.md": [("report", full_report(root))]}
+
+
+def confirm_line(root: str | Path | None = None) -> str:
+    """The README's line on claim 2's confirmatory experiment: its verdict sentence and its secondaries."""
+    from tg.experiments.confirm import secondary_results
+    from tg.experiments.confirm_report import load, sentence
+    rows = load(root)
+    held = [s for s in secondary_results(rows) if s.verdict == "holds"] if rows is not None else []
+    tested = rows is not None and any(s.test for s in secondary_results(rows))
+    second = (f"{len(held)} of 6 secondaries hold" + (f" ({', '.join(s.name for s in held)})" if held else "")
+              if tested else "secondaries tested only once it holds")
+    return (f"Claim 2 on fresh seeds, declared before its first row ([results/mini/confirm.md](results/mini/confirm.md)):"
+            f" **{sentence(root, rows)}**; {second}.")
 
 
 def markers(name: str) -> tuple[str, str]:
