@@ -146,3 +146,14 @@ def test_training_differences_name_what_changes_training(cfg):
     assert training_differences(warm, warm.replace(optim=dict(steps=90))) == ["optim.steps: 60 -> 90"]
     assert training_differences(cfg, cfg.replace(agent=dict(reward="official"), data=dict(top_k=5))) == [
         "data.top_k: 3 -> 5", "agent.reward: 'paper' -> 'official'"]
+
+
+def test_a_run_dir_that_cannot_be_a_directory_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(commands, "build_run", _no_training)
+    (tmp_path / "file").write_text("not a directory")
+    for run, why in [(tmp_path / "file", "it is a file"), (tmp_path / "file" / "run", "Not a directory"),
+                     (Path("/dev/null/run"), "Not a directory")]:
+        assert main(["train", "--method", "tree", "--run-dir", str(run), "--skip-preflight"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"tg: run directory {run} cannot be made ({why}") and err.count("\n") == 1
+        assert "pass a --run-dir that is a directory" in err

@@ -59,7 +59,7 @@ def run_lock(run_dir: str | Path) -> Iterator[None]:
     if key in _HELD:
         yield
         return
-    key.mkdir(parents=True, exist_ok=True)
+    _make_run_dir(key)
     with (key / RUN_LOCK).open("a+") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -77,6 +77,16 @@ def run_lock(run_dir: str | Path) -> Iterator[None]:
         finally:
             _HELD.discard(key)
             f.truncate(0)
+
+
+def _make_run_dir(path: Path) -> None:
+    """Create `path` (and its parents); RunDirError naming the path when it cannot be a directory."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        why = "it is a file" if path.is_file() else f"{err.strerror or type(err).__name__}: {err.filename or path}"
+        raise RunDirError(f"run directory {path} cannot be made ({why}): pass a --run-dir that is a directory, or a "
+                          "new path whose parents are directories") from err
 
 
 def _flat(cfg: Config) -> dict[str, Any]:
