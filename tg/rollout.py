@@ -5,6 +5,10 @@ the agent's step loop until its episode ends, batching every row of every start 
 
     generate one step per live row -> environment observes -> finished rows leave the batch,
     the others get their observation appended to their live state -> repeat.
+
+What the environment returns is checked before it is appended (`tg.agent.contract.CheckedEnv`): every
+environment must return one `Step` per generated step; the trainer's `CheckedEnv` also checks observation
+lengths and token ids.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from tg.agent.contract import CheckedEnv
 from tg.agent.env import Environment
 from tg.agent.protocol import Step
 from tg.engines.engine import Engine, PrefillStats, Sampling
@@ -43,8 +48,10 @@ def run_episodes(engine: Engine, env: Environment, starts: Sequence[Start], samp
 
     A row whose context reaches `max_context_tokens` ends there (its last step is then a leaf with
     whatever it holds, like a forced final step). With `prefixes`, a start continues the cache of a row
-    kept there (HF engine), and finished rows are kept there for later calls.
+    kept there (HF engine), and finished rows are kept there for later calls. A step that breaks the
+    environment's contract raises `tg.agent.env.PluginError` before anything of it is appended.
     """
+    checked = env if isinstance(env, CheckedEnv) else CheckedEnv(env)
     batch = engine.open([s.context for s in starts], [s.count for s in starts], sampling, prefixes)
     episodes = [Episode(i, []) for i, s in enumerate(starts) for _ in range(s.count)]
     length = [len(starts[e.start].context) for e in episodes]
@@ -53,7 +60,7 @@ def run_episodes(engine: Engine, env: Environment, starts: Sequence[Start], samp
     while live:
         caps = [min(max_step_tokens, max_context_tokens - length[r]) for r in live]
         outs = batch.generate(live, caps)
-        steps = env.observe(outs, [turns[r] for r in live])
+        steps = checked.observe(outs, [turns[r] for r in live], [starts[episodes[r].start].context for r in live])
         done, cont = [], []
         for r, step in zip(live, steps):
             length[r] += len(step.ids)

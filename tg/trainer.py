@@ -42,6 +42,7 @@ import torch
 from tqdm.auto import tqdm
 
 from tg.advantage import combine_step_advantages, observation_prefixes, step_group_advantages, tree_grpo_parts
+from tg.agent.contract import CheckedEnv, checked_reward
 from tg.agent.data import Question
 from tg.agent.env import Environment, Reward
 from tg.agent.finetune import TrainablePolicy
@@ -154,13 +155,16 @@ def chain_states(tree: Tree) -> list[tuple]:
     return observation_prefixes([tuple(s.obs_ids) for s in tree.path(leaf)[:-1]])
 
 
-def leaf_rewards(trees: Sequence[Tree], golds: Sequence[Sequence[str]], reward_fn: Reward) -> dict[str, list]:
-    """Score every leaf with `reward_fn` (filling `tree.rewards`); returns per-leaf reward, EM, format validity, ids."""
+def leaf_rewards(trees: Sequence[Tree], golds: Sequence[Sequence[str]], reward_fn: Reward,
+                 questions: Sequence[str] = ()) -> dict[str, list]:
+    """Score every leaf with `reward_fn` (filling `tree.rewards`); returns per-leaf reward, EM, format validity, ids.
+    Each reward is held to its contract (`tg.agent.contract.checked_reward`; `questions[q]` names question q)."""
     out: dict[str, list] = {k: [] for k in ("reward", "em", "valid", "tree", "prompt", "calls")}
     for k, tree in enumerate(trees):
         for leaf in tree.leaves():
             texts = [s.text for s in tree.path(leaf)]
-            tree.rewards[leaf] = reward_fn(texts, golds[tree.question])
+            q = tree.question
+            tree.rewards[leaf] = checked_reward(reward_fn, texts, golds[q], questions[q] if questions else f"#{q}")
             out["reward"].append(tree.rewards[leaf])
             out["em"].append(answer_score("".join(texts), golds[tree.question]))
             out["valid"].append(float(is_valid_format(texts)))
@@ -257,9 +261,10 @@ class Trainer:
         per = self.cfg.optim.prompts_per_step // self.par.shards
         trees: list[list[Tree]] = []
         leds: list[Ledger] = []
+        env = CheckedEnv(self.env, len(self.tokenizer), self.cfg.agent.max_obs_tokens)  # tg.agent.contract
         with self.par.rollout_context(self.policy):
             for i, k in enumerate(self.par.my_shards()):
-                part, stats = sample_batch(self.engine, self.env, questions[i * per:(i + 1) * per],
+                part, stats = sample_batch(self.engine, env, questions[i * per:(i + 1) * per],
                                            self.cfg, shard_seed(rollout_seed(self.cfg.optim.seed, step), k))
                 for t in (t for ts in part for t in ts):
                     t.question += i * per  # the question's index among this rank's questions
@@ -407,7 +412,7 @@ class Trainer:
             raise NonFiniteError(f"step {s + 1}: rollout failed: {err}; no checkpoint written") from err
         flat = [t for ts in trees for t in ts]
         t1 = time.perf_counter()
-        sc = leaf_rewards(flat, [q.golden_answers for q in questions], self.reward_fn)
+        sc = leaf_rewards(flat, [q.golden_answers for q in questions], self.reward_fn, [q.question for q in questions])
         mode = "chain" if self.cfg.tree.is_chain else o.advantage
         adv = tree_grpo_parts(torch.tensor(sc["reward"], dtype=torch.float64), torch.tensor(sc["tree"]),
                               torch.tensor(sc["prompt"]), mode=mode, eps=o.adv_eps, unbiased=o.adv_unbiased_std,

@@ -1,4 +1,5 @@
-"""What an environment and a reward are (paper §3.1, Eq. 13), and the search tool: the default environment.
+"""What an environment and a reward are (paper §3.1; the reward's form is Eq. 13, App. B.1), and the search tool:
+the default environment.
 
 Tree-GRPO needs two things from a task, and they are all `tg` asks of one:
 
@@ -26,6 +27,11 @@ from typing import Any, Protocol, Sequence
 
 from tg.agent.protocol import INVALID_ACTION, Action, Step, format_observation, parse_action, prompt_ids
 from tg.engines.engine import GenOut
+
+
+class PluginError(ValueError):
+    """An `Environment` or a `Reward` broke its contract (docs/environments.md#what-the-trainer-checks): one line
+    naming the class, the question and what was wrong, raised before anything is trained on it."""
 
 
 class Environment(Protocol):
