@@ -27,8 +27,11 @@ TREES = (
     ((-1, "prompt"), (0, "search"), (1, "search"), (2, "answer"), (1, "search"), (4, "answer"), (2, "answer")),
     ((-1, "prompt"), (0, "search"), (1, "search"), (2, "answer"), (1, "answer"), (2, "search"), (5, "answer")),
 )
-REWARDS = ({3: 1.0, 5: 0.0, 6: 0.0}, {3: 1.0, 4: 0.0, 6: 1.0})
-"""Leaf -> outcome reward (1 = right answer), per tree."""
+REWARDS = ({3: 0.0, 5: 1.0, 6: 0.0}, {3: 0.0, 4: 0.0, 6: 0.0})
+"""Leaf -> outcome reward (1 = right answer), per tree: one right leaf, under a second search in tree 1; tree 2
+all wrong, so it has no intra-tree signal and only the inter-tree part pushes its leaves down."""
+TEXT = 11
+"""Every label's font size: at least the tick size of `figures._common`, legible at a notebook's width."""
 
 
 def write_data(root: Path) -> Path:
@@ -73,29 +76,35 @@ def _x_positions(nodes: pd.DataFrame) -> dict[int, float]:
     return pos
 
 
+def _fill(reward: float) -> tuple[float, ...]:
+    """A pale red (0) to pale green (1) fill that black text reads on."""
+    rgb = c.plt.get_cmap("RdYlGn")(0.1 + 0.8 * reward)[:3]
+    return tuple(0.45 * v + 0.55 for v in rgb)
+
+
 def _draw_tree(ax, nodes: pd.DataFrame, title: str) -> None:
     x = _x_positions(nodes)
     by_id = nodes.set_index("node")
-    cmap = c.plt.get_cmap("RdYlGn")
     for n, row in by_id.iterrows():
         if row["parent"] >= 0:
-            ax.plot([x[row["parent"]], x[n]], [-by_id.loc[row["parent"], "depth"], -row["depth"]], color="0.6", lw=1)
+            ax.plot([x[row["parent"]], x[n]], [-by_id.loc[row["parent"], "depth"], -row["depth"]], color="0.7",
+                    lw=1, zorder=1)
     for n, row in by_id.iterrows():
         leaf = not pd.isna(row["reward"])
-        face = cmap(0.15 + 0.7 * row["reward"]) if leaf else "white"
-        ax.text(x[n], -row["depth"], row["step"], ha="center", va="center", fontsize=8, zorder=3,
-                bbox=dict(boxstyle="round,pad=0.3", fc=face, ec="0.3", lw=0.8))
-        if leaf:
+        face = _fill(row["reward"]) if leaf else "white"
+        inner = not leaf and row["parent"] >= 0   # an inner step: its net push is written in its box
+        label = f"{row['step']}\nnet {row['net']:+.2f}" if inner else row["step"]
+        ax.text(x[n], -row["depth"], label, ha="center", va="center", fontsize=TEXT, zorder=3,
+                color="navy" if inner else "black", bbox=dict(boxstyle="round,pad=0.3", fc=face, ec="0.3", lw=0.8))
+        if leaf:   # under the leaf, clear of every edge (leaves have none below them)
             text = (f"R = {row['reward']:g}\nintra {row['intra']:+.2f}\ninter {row['inter']:+.2f}\n"
                     f"total {row['total']:+.2f}")
-            ax.text(x[n], -row["depth"] - 0.28, text, ha="center", va="top", fontsize=7, family="monospace")
-        elif row["parent"] >= 0:
-            ax.text(x[n] + 0.3, -row["depth"], f"net {row['net']:+.2f}", ha="left", va="center", fontsize=6.5,
-                    color="navy")
-    ax.set_xlim(min(x.values()) - 0.7, max(x.values()) + 0.7)
-    ax.set_ylim(-by_id["depth"].max() - 1.6, 0.5)
+            ax.text(x[n], -row["depth"] - 0.3, text, ha="center", va="top", fontsize=TEXT, family="monospace",
+                    zorder=2)
+    ax.set_xlim(min(x.values()) - 0.6, max(x.values()) + 0.6)
+    ax.set_ylim(-by_id["depth"].max() - 1.9, 0.4)
     ax.axis("off")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(title, fontsize=TEXT + 1)
 
 
 def draw(root: Path):
@@ -105,7 +114,7 @@ def draw(root: Path):
         c.note(ax, "no data yet\n(`python -m figures.fig_tree_advantages --write-data`)")
         return fig
     trees = sorted(df["tree"].unique())
-    fig, axes = c.plt.subplots(1, len(trees), figsize=(4.2 * len(trees), 4.6))
+    fig, axes = c.plt.subplots(1, len(trees), figsize=(5.2 * len(trees), 5.6))
     for ax, t in zip(axes, trees):
         nodes = df[df["tree"] == t]
         leaves = nodes.dropna(subset=["reward"])
@@ -113,8 +122,8 @@ def draw(root: Path):
     all_leaves = df.dropna(subset=["reward"])
     fig.suptitle(f"Tree-GRPO advantages of one prompt (M=2, N=2, L=1: {len(all_leaves)} leaves, budget 4 chains)\n"
                  "intra: normalised within its tree; inter: within the prompt's "
-                 f"{len(all_leaves)} leaves; total = intra + inter (Eq. 7). net: sum of the leaves below",
-                 fontsize=9)
+                 f"{len(all_leaves)} leaves; total = intra + inter (Eq. 7)\nnet: the sum of the totals of "
+                 "the leaves below a node", fontsize=TEXT + 1)
     fig.tight_layout()
     return fig
 

@@ -27,3 +27,16 @@ def test_toy_advantages_keep_the_invariants():
     assert ((leaves["intra"] + leaves["inter"] - leaves["total"]).abs() < 1e-3).all()  # Eq. 7
     roots = df[df["parent"] == -1].set_index("tree")["net"]
     assert ((roots - leaves.groupby("tree")["total"].sum()).abs() < 1e-3).all()   # a root collects all its leaves
+
+
+
+def test_labels_are_tick_size_and_text_sits_on_a_pale_fill():
+    import matplotlib.colors as mcolors
+
+    drawn = fig.draw(ROOT)
+    texts = [t for ax in drawn.axes for t in ax.texts if t.get_text()]
+    tick = fig.c.plt.rcParams["xtick.labelsize"]
+    assert len(texts) == 14 + 6 and min(t.get_fontsize() for t in texts) >= tick  # 14 nodes, 6 leaf notes: none small
+    fills = [t.get_bbox_patch().get_facecolor() for t in texts if t.get_bbox_patch() is not None]
+    assert min(sum(mcolors.to_rgb(f)) / 3 for f in fills) > 0.6                   # black/navy text on light boxes
+    fig.c.plt.close(drawn)

@@ -34,37 +34,50 @@ def node_label(tree: Tree, n: int, width: int = 18) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+TEXT_SIZE = 10
+"""Every label of a tree figure: matplotlib's tick size, so it stays legible at a notebook's display width."""
+
+
+def leaf_colour(reward: float) -> tuple[float, float, float, float]:
+    """A light red (reward 0) to light green (reward 1) fill, pale enough for black text on it."""
+    r, g, b, _ = plt.get_cmap("RdYlGn")(0.5 + 0.5 * max(-1.0, min(1.0, 2 * reward - 1)))
+    return (0.45 * r + 0.55, 0.45 * g + 0.55, 0.45 * b + 0.55, 1.0)
+
+
 def draw_tree(tree: Tree, advantages: Mapping[int, float] | Sequence[float] | None = None, ax: Any = None,
               title: str | None = None, picked: Collection[int] = (), notes: Mapping[int, str] | None = None) -> Any:
-    """Draw one tree: steps as nodes (query or answer shown), leaves coloured by reward (red 0 ->
-    green 1), each node's effective advantage under it when given, and a bar of shared vs
+    """Draw one tree: steps as nodes (query or answer shown), leaves coloured by reward (light red 0 ->
+    light green 1), each node's effective advantage under it when given, and a bar of shared vs
     generated tokens (tokens every leaf would repeat without the tree, vs tokens sampled).
-    `picked` nodes get a thick blue frame (e.g. where expansions started); `notes[n]` is written above node n."""
+    `picked` nodes get a thick blue frame (e.g. where expansions started); `notes[n]` is written above node n.
+    Text is `TEXT_SIZE`; labels sit on white so the edges never cross them."""
     pos = _layout(tree)
     if ax is None:
-        _, ax = plt.subplots(figsize=(max(4.0, 1.6 * len(tree.leaves())), 1.3 * (1 + max(n.depth for n in tree.nodes))))
-    cmap = plt.get_cmap("RdYlGn")
+        _, ax = plt.subplots(figsize=(max(4.0, 2.0 * len(tree.leaves())), 1.3 * (1 + max(n.depth for n in tree.nodes))))
     for node in tree.nodes[1:]:
         (x0, y0), (x1, y1) = pos[node.parent], pos[node.id]
-        ax.plot([x0, x1], [y0, y1], color="0.6", lw=1, zorder=1)
+        ax.plot([x0, x1], [y0, y1], color="0.7", lw=1, zorder=1)
+    on_white = dict(boxstyle="round,pad=0.1", fc="white", ec="none", alpha=0.9)
     for node in tree.nodes:
         x, y = pos[node.id]
         r = tree.rewards.get(node.id)
-        color = cmap(0.5 + 0.5 * max(-1.0, min(1.0, 2 * r - 1))) if node.is_leaf and r is not None else "white"
+        color = leaf_colour(r) if node.is_leaf and r is not None else "white"
         frame = dict(ec="tab:blue", lw=2.4) if node.id in picked else dict(ec="0.3", lw=0.8)
-        ax.text(x, y, node_label(tree, node.id), ha="center", va="center", fontsize=7, zorder=2,
+        ax.text(x, y, node_label(tree, node.id, width=14), ha="center", va="center", fontsize=TEXT_SIZE, zorder=3,
                 bbox=dict(boxstyle="round,pad=0.3", fc=color, **frame))
         if notes and node.id in notes:
-            ax.text(x, y + 0.28, notes[node.id], ha="center", va="bottom", fontsize=6, color="0.25")
+            ax.text(x, y + 0.22, notes[node.id], ha="center", va="bottom", fontsize=TEXT_SIZE - 1, color="0.25",
+                    zorder=2, bbox=on_white)
         if advantages is not None and node.id > 0:
-            ax.text(x, y - 0.32, f"A={advantages[node.id]:+.2f}", ha="center", va="top", fontsize=6, color="navy")
-    ax.set_xlim(-0.8, max(x for x, _ in pos.values()) + 0.8)
-    ax.set_ylim(min(y for _, y in pos.values()) - 0.8, 0.5)
+            ax.text(x, y - 0.24, f"A={advantages[node.id]:+.2f}", ha="center", va="top", fontsize=TEXT_SIZE,
+                    color="navy", fontweight="bold", zorder=2, bbox=on_white)
+    ax.set_xlim(-0.7, max(x for x, _ in pos.values()) + 0.7)
+    ax.set_ylim(min(y for _, y in pos.values()) - 0.75, 0.45 + 0.25 * bool(notes))
     ax.axis("off")
     sampled = sum(len(n.step.gen_ids) for n in tree.nodes[1:])
     as_chains = sum(tree.trajectory(leaf).policy_tokens for leaf in tree.leaves())
-    ax.set_title(title or f"{len(tree.leaves())} leaves: {sampled} policy tokens sampled, "
-                 f"{as_chains} if every leaf were its own chain", fontsize=8)
+    ax.set_title(title or f"{len(tree.leaves())} leaves: {sampled} policy tokens sampled,\n"
+                 f"{as_chains} if every leaf were its own chain", fontsize=TEXT_SIZE)
     return ax
 
 
@@ -80,5 +93,5 @@ def learning_curves(histories: Mapping[str, Sequence[Mapping[str, float]]], keys
         a.set_xlabel("step")
         a.set_ylabel(key)
         a.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    axes[0].legend()
     return axes
