@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from tg.loss import entropy, grpo_loss, k3_kl, logprobs_at, masked_aggregate, policy_loss, token_logprobs
+from tg.loss import (entropy, grpo_loss, gspo_policy_loss, k3_kl, logprobs_at, masked_aggregate, policy_loss,
+                     token_logprobs)
 
 F64 = torch.float64
 
@@ -74,6 +75,17 @@ def test_dual_clip_bounds_negative_advantage_loss():
     # positive advantage: untouched (clipped at 1 + eps_high)
     pos, _ = policy_loss(logp, old, torch.tensor([1.0], dtype=F64), mask, dual_clip=3.0)
     assert pos.item() == pytest.approx(-1.2)
+
+
+@pytest.mark.parametrize("loss_fn", [policy_loss, gspo_policy_loss])
+def test_dual_clip_counts_a_ratio_past_the_bound_not_at_it(loss_fn):
+    """dual_clip_frac counts where the loss exceeds c |A| strictly (the official code's `torch.gt`): with A = -1 and
+    c = e^1 (the ratio's own float), row 0's ratio sits exactly on the bound and row 1's lies past it."""
+    logp = torch.tensor([[1.0], [1.5]], dtype=F64)
+    c = torch.exp(logp[0, 0]).item()
+    loss, stats = loss_fn(logp, torch.zeros(2, 1, dtype=F64), torch.tensor([-1.0, -1.0], dtype=F64),
+                          torch.ones(2, 1, dtype=F64), dual_clip=c)
+    assert loss.item() == c and stats["dual_clip_frac"] == 0.5
 
 
 def test_token_level_advantages_broadcast():

@@ -153,3 +153,22 @@ def test_packed_logits_runs_on_the_model_device_in_its_dtype(dtype):
     out = packed_logits(model, rows_batch(torch.tensor([[1, 2, 3], [1, 2, 4]])), shared=2)
     assert model.inputs["attention_mask"] == ("meta", dtype) and "past_key_values" in model.inputs
     assert out.shape == (2, 40)  # the shared 2 positions once, then one position per row
+
+
+def test_rows_batch_keeps_rows_where_they_are():
+    """Unpacked rows: position ids 0.., a causal mask shared by the rows, and row token (r, t) at flat index r W + t."""
+    b = rows_batch(torch.tensor([[1, 2, 3], [1, 4, 0]]))
+    assert b.ids.tolist() == [[1, 2, 3], [1, 4, 0]] and b.pos.tolist() == [[0, 1, 2], [0, 1, 2]]
+    assert b.visible.tolist() == [[[True, False, False], [True, True, False], [True, True, True]]]
+    assert b.where.tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_the_shared_prefix_asks_for_its_cache_whatever_the_models_config_says():
+    """A model saved with use_cache=False (as training checkpoints often are) still returns the prefix's keys and
+    values: packed_logits asks for them, it does not rely on the config's default."""
+    with torch.device("meta"):
+        model = _Recorder(Qwen2ForCausalLM(Qwen2Config(vocab_size=40, hidden_size=64, num_hidden_layers=1,
+                                                       num_attention_heads=2, num_key_value_heads=1,
+                                                       intermediate_size=128, use_cache=False)))
+    out = packed_logits(model, rows_batch(torch.tensor([[1, 2, 3], [1, 2, 4]])), shared=2)
+    assert "past_key_values" in model.inputs and out.shape == (2, 40)
