@@ -1,22 +1,32 @@
 """Fuzzing the inputs a user or a client controls: `--set` strings, corpus and question files, `/retrieve`
-requests. Every input ends in the module's own error (ConfigError, DataError, a 400) or in a correct answer."""
+requests, what an environment or a reward returns. Every input ends in the module's own error (ConfigError,
+DataError, a 400, PluginError) or in a correct answer."""
 
 from __future__ import annotations
 
 import json
+import math
+import random
 import socket
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tg.agent.contract import CheckedEnv
 from tg.agent.data import DataError, load_questions
+from tg.agent.env import PluginError, generated_step
+from tg.agent.protocol import Action, Step
 from tg.agent.retrieval import read_corpus
 from tg.agent.server import read_request, start_background
 from tg.config import Config, ConfigError, load_config
 from tg.config_values import field_types, parse_value, type_ok
+from tg.engines.engine import GenOut, PrefillStats, Sampling
+from tg.trainer import leaf_rewards
+from tg.tree import Tree, sample_trees
 
 FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 FIELDS = [f"{group}.{f.name}" for group, tp in field_types(Config).items() if is_dataclass(tp) for f in fields(tp)]
@@ -135,3 +145,113 @@ def test_any_request_gets_an_answer(server, length: str, body: bytes) -> None:
         while chunk := s.recv(65536):
             answer += chunk
     assert answer.split(b" ", 2)[1] in (b"200", b"400", b"413")
+
+
+VOCAB, CAP = 50, 6
+"""The fuzzed rollout's vocabulary size and agent.max_obs_tokens."""
+QUESTIONS = ["What is one?", "What is two?"]
+TOKEN_IDS = st.one_of(st.integers(0, VOCAB - 1), st.sampled_from([VOCAB, VOCAB + 7, -1]))
+
+
+def _embed(ids) -> None:
+    """What a model's embedding does with an id outside the vocabulary."""
+    if any(not 0 <= t < VOCAB for t in ids):
+        raise IndexError("index out of range in self")
+
+
+class ListBatch:
+    """An engine batch stand-in: every row samples the ids 5, 6, 7; its contexts and appended ids go through `_embed`."""
+
+    def __init__(self, rows: list) -> None:
+        for row in rows:
+            _embed(row)
+        self.row_stats = [PrefillStats() for _ in rows]
+        self.stats = PrefillStats()
+
+    def generate(self, rows, caps):
+        return [GenOut([5, 6, 7][:c], [0.0] * len([5, 6, 7][:c]), "stop") for c in caps]
+
+    def append(self, rows, ids) -> None:
+        for x in ids:
+            _embed(x)
+
+    def release(self, rows) -> None:
+        pass
+
+
+class ListEngine:
+    def open(self, contexts, counts, sampling, prefixes=None) -> ListBatch:
+        return ListBatch([list(c) for c, k in zip(contexts, counts) for _ in range(k)])
+
+
+class FuzzEnv:
+    """Observes what hypothesis draws: an observation of drawn ids at each step's first turn (the second ends the
+    episode), and sometimes a step more or fewer than it was given."""
+
+    def __init__(self, data: st.DataObject) -> None:
+        self.data = data
+
+    def prompt_ids(self, question: str) -> list[int]:
+        return [ord(c) % VOCAB for c in question]
+
+    def observe(self, outs, turns) -> list:
+        steps = [generated_step(o, "", Action("search"), [] if t >= 1 else self.data.draw(
+            st.lists(TOKEN_IDS, min_size=1, max_size=CAP + 2)), t >= 1) for o, t in zip(outs, turns)]
+        extra = self.data.draw(st.sampled_from([0, 0, 0, 0, -1, 1]))
+        return steps[:len(steps) + extra] if extra < 0 else steps + steps[:extra]
+
+
+@FAST
+@given(data=st.data())
+def test_any_environment_output_is_a_plugin_error_or_a_rollout_within_the_contract(data) -> None:
+    """Random observation lengths, token ids and step counts through the trainer's checked rollout (Tree-GRPO
+    M=2, N=1, L=1): one PluginError line naming the environment and a question, or full trees within the contract."""
+    env = CheckedEnv(FuzzEnv(data), VOCAB, CAP)
+    try:
+        trees, _ = sample_trees(ListEngine(), env, [env.prompt_ids(q) for q in QUESTIONS], M=2, N=1, L=1,
+                                sampling=Sampling(1.0), rng=random.Random(0), max_step_tokens=4, max_context_tokens=200)
+    except PluginError as err:
+        msg = str(err)
+        assert "\n" not in msg and msg.startswith("FuzzEnv.observe") and any(q in msg for q in QUESTIONS), msg
+        return
+    assert [sum(len(t.leaves()) for t in ts) for ts in trees] == [4, 4]   # M(1 + NL) leaves per question
+    steps = [n.step for ts in trees for t in ts for n in t.nodes[1:]]
+    assert all(len(s.obs_ids) <= CAP and all(0 <= i < VOCAB for i in s.obs_ids) for s in steps)
+
+
+REWARDS = st.one_of(st.none(), st.booleans(), st.integers(-10**7, 10**7), st.just(10**400), st.floats(),
+                    st.text(max_size=4), st.floats().map(torch.tensor), st.lists(st.floats(-2, 2), max_size=3).map(
+                        torch.tensor), st.just(ZeroDivisionError("no\nscore")))
+
+
+def _acceptable(value) -> float | None:
+    """The float a reward value trains as, or None where the contract refuses it (an independent statement of it)."""
+    if isinstance(value, torch.Tensor):
+        value = value.item() if value.numel() == 1 else None
+    if not isinstance(value, (int, float)) or (isinstance(value, float) and not math.isfinite(value)):
+        return None
+    return float(value) if abs(value) <= 1e6 else None
+
+
+@FAST
+@given(values=st.lists(REWARDS, min_size=1, max_size=4))
+def test_any_reward_value_is_a_plugin_error_or_the_float_it_trains_as(values: list) -> None:
+    """One leaf per drawn value: every leaf's reward is that value as a float when all are acceptable (a finite real
+    scalar with |r| <= 1e6), else the first bad one stops scoring with one PluginError line."""
+    tree = Tree(0, [1, 2])
+    for _ in values:
+        tree.add_path(0, [Step([5], [], Action("answer", "x"), True, text="<answer> x </answer>")])
+    given_values = iter(values)
+
+    def drawn(step_texts, golden_answers):
+        value = next(given_values)
+        if isinstance(value, Exception):
+            raise value
+        return value
+    try:
+        out = leaf_rewards([tree], [("x",)], drawn, ["What is x?"])
+    except PluginError as err:
+        assert "\n" not in str(err) and str(err).startswith("drawn, question 'What is x?'"), str(err)
+        assert any(_acceptable(v) is None for v in values)
+        return
+    assert out["reward"] == [_acceptable(v) for v in values]

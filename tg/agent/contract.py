@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
+from functools import partial
 from typing import Any, Sequence
 
 import torch
@@ -40,8 +42,9 @@ def question_label(question: str, width: int = 60) -> str:
 
 def plugin_name(obj: Any) -> str:
     """The name of an environment or reward in an error line: a function's, else its class's."""
-    obj = getattr(obj, "func", obj)  # functools.partial: the function it wraps
-    return getattr(obj, "__qualname__", None) or type(obj).__name__
+    while isinstance(obj, partial):
+        obj = obj.func
+    return getattr(obj, "__name__", None) or type(obj).__name__
 
 
 def _id_fault(ids: Any, vocab_size: int | None) -> str | None:
@@ -118,7 +121,12 @@ def _real(value: Any) -> float | None:
     """`value` as a float if it is one real number (bool, int, float, a numpy scalar, a tensor of one value)."""
     if isinstance(value, torch.Tensor):
         return float(value.item()) if value.numel() == 1 and not value.is_complex() else None
-    return float(value) if isinstance(value, numbers.Real) else None
+    if not isinstance(value, numbers.Real):
+        return None
+    try:
+        return float(value)
+    except OverflowError:  # an int past the float range: the largest float of its sign, which the bound refuses
+        return sys.float_info.max if value > 0 else -sys.float_info.max
 
 
 def _describe(value: Any) -> str:

@@ -9,6 +9,7 @@ Tree-GRPO needs two things from a task, and they are all `tg` asks of one:
 
 The trainer, the rollout and the evaluation see nothing else, so a new tool is a class with these two
 methods and a new reward a function (docs/environments.md; `tg.agent.calculator` is the worked example).
+What they return is checked where it enters (`tg.agent.contract`); a breach is one `PluginError` line.
 The defaults are `SearchEnv` below and `tg.reward.reward` (Eq. 13 over EM); `tg.agent.tasks` builds the
 config's pair.
 
@@ -48,6 +49,9 @@ class Environment(Protocol):
     4. A step ends where the engine stops it: at `tg.agent.protocol.STOP_STRINGS` ('</search>', '</answer>'),
        EOS or the per-step cap. The engines hold these stop strings, so a tool call closes with '</search>'
        and an answer with '</answer>', whatever the tool.
+    5. Checked where it enters (`tg.agent.contract.CheckedEnv`): exactly one `Step` per generated step, `gen_ids`
+       as sampled, at most agent.max_obs_tokens observation ids, every id (prompt and observation) in the
+       tokenizer's vocabulary.
     """
 
     def prompt_ids(self, question: str) -> list[int]:
@@ -60,12 +64,14 @@ class Environment(Protocol):
 
 
 class Reward(Protocol):
-    """The outcome reward of one finished trajectory (Eq. 13: a score, less a format penalty).
+    """The outcome reward of one finished trajectory (the paper's is Eq. 13 of App. B.1: a score, less a format
+    penalty).
 
     step_texts:     the policy's step texts in order (`Step.text`; observations not included).
     golden_answers: the question's gold answers (`Question.golden_answers`).
-    Returns a float in [-format_penalty, 1] for the kit's rewards; advantages are normalised per group
-    (Eq. 5-7), so any bounded range trains, but the logged `reward` metric is this value.
+    Returns one real number (a float in [-format_penalty, 1] for the kit's rewards), finite, with |r| <= 1e6
+    (`tg.agent.contract.checked_reward`); advantages are normalised per group (Eq. 5-7), so any range within
+    that trains, but the logged `reward` metric is this value.
     """
 
     def __call__(self, step_texts: Sequence[str], golden_answers: Sequence[str]) -> float: ...
