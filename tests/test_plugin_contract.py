@@ -157,3 +157,42 @@ def test_rewards_of_every_accepted_kind_train(trainer):
 def test_the_cli_prints_a_plugin_error_as_one_line():
     from tg.cli import user_error
     assert user_error(PluginError("MyReward, question 'x': reward nan is not finite"))
+
+
+class Scripted:
+    """An environment that returns what the test sets: a prompt, and a function of the generated steps."""
+
+    def __init__(self, prompt, steps) -> None:
+        self.prompt, self.steps = prompt, steps
+
+    def prompt_ids(self, question: str) -> list[int]:
+        return self.prompt
+
+    def observe(self, outs, turns):
+        return self.steps(outs)
+
+
+def _step(out, obs=(4,), gen_ids=None):
+    from tg.agent.protocol import Action, Step
+    return Step(list(out.ids) if gen_ids is None else gen_ids, list(obs), Action("search", "x"), False)
+
+
+@pytest.mark.parametrize("prompt, steps, fault", [
+    ([3, 99], None, "Scripted.prompt_ids, question 'What is x?': token id 99 is outside the tokenizer's vocabulary of 10"),
+    ([], None, "Scripted.prompt_ids, question 'What is x?': the prompt is empty"),
+    ([3, 4], lambda outs: [_step(o, gen_ids=[1]) for o in outs], "gen_ids are not the sampled ids"),
+    ([3, 4], lambda outs: [_step(o, obs=[2.0]) for o in outs], "observation token id 2.0 is a float"),
+    ([3, 4], lambda outs: [_step(o, obs=[-1]) for o in outs], "observation token id -1 is outside"),
+    ([3, 4], lambda outs: [{"obs_ids": [4]} for o in outs], "returned a dict, not a tg.agent.protocol.Step"),
+    ([3, 4], lambda outs: None, "Scripted.observe returned a NoneType for 2 generated steps (question 'What is x?')"),
+])
+def test_prompts_and_steps_are_checked_before_the_rollout_uses_them(prompt, steps, fault):
+    """Checked without a model: a prompt and steps of a 10-id vocabulary; the error names the row's question."""
+    from tg.agent.contract import CheckedEnv
+    from tg.engines.engine import GenOut
+    env = CheckedEnv(Scripted(prompt, steps), vocab_size=10, max_obs_tokens=CAP)
+    with pytest.raises(PluginError) as info:
+        ids = env.prompt_ids("What is x?")
+        outs = [GenOut([5, 6], [0.0, 0.0], "stop")] * 2
+        env.observe(outs, [0, 0], [ids + [5, 6, 4], ids])
+    assert fault in str(info.value) and "question 'What is x?'" in str(info.value), str(info.value)

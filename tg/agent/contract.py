@@ -55,9 +55,10 @@ def _id_fault(ids: Any, vocab_size: int | None) -> str | None:
     for t in ids:
         if not isinstance(t, numbers.Integral):
             return f"token id {t!r} is a {type(t).__name__}, not an int"
-        if t < 0 or (vocab_size is not None and t >= vocab_size):
-            return f"token id {t} is outside the tokenizer's vocabulary of {vocab_size} (ids 0 to {vocab_size - 1})" \
-                if vocab_size is not None else f"token id {t} is negative"
+        if t < 0 and vocab_size is None:
+            return f"token id {t} is negative"
+        if vocab_size is not None and not 0 <= t < vocab_size:
+            return f"token id {t} is outside the tokenizer's vocabulary of {vocab_size} (ids 0 to {vocab_size - 1})"
     return None
 
 
@@ -81,11 +82,13 @@ class CheckedEnv:
         self._asked[tuple(ids)] = question
         return list(ids)
 
-    def which(self, context: Sequence[int] | None, row: int) -> str:
-        """The question whose prompt `context` starts with (asked through `prompt_ids`), else the row's index."""
-        for n in {len(p) for p in self._asked} if context is not None else ():
-            if (q := self._asked.get(tuple(context[:n]))) is not None:
-                return question_label(q)
+    def which(self, contexts: Sequence[Sequence[int]] | None, row: int) -> str:
+        """The question of row `row`: the one whose prompt (asked through `prompt_ids`) starts the row's context,
+        else the row's index."""
+        if contexts is not None and row < len(contexts):
+            for n in {len(p) for p in self._asked}:
+                if (q := self._asked.get(tuple(contexts[row][:n]))) is not None:
+                    return question_label(q)
         return f"row {row} of the batch"
 
     def observe(self, outs: Sequence[GenOut], turns: Sequence[int],
@@ -94,27 +97,28 @@ class CheckedEnv:
         ids; each observation at most `max_obs_tokens` ids of the vocabulary. `contexts[i]`, the context row i
         started from, names its question in an error."""
         steps = self.env.observe(outs, turns)
-        at = (lambda i: self.which(contexts[i] if contexts is not None else None, i))
         if not isinstance(steps, (list, tuple)) or len(steps) != len(outs):
             got = f"{len(steps)} steps" if isinstance(steps, (list, tuple)) else f"a {type(steps).__name__}"
-            raise PluginError(f"{self.name}.observe returned {got} for {len(outs)} generated steps ({at(0)}); "
-                              "return one Step per GenOut, in order")
+            raise PluginError(f"{self.name}.observe returned {got} for {len(outs)} generated steps "
+                              f"({self.which(contexts, 0)}); return one Step per GenOut, in order")
         for i, (out, step) in enumerate(zip(outs, steps)):
             fault = self._step_fault(out, step)
             if fault:
-                raise PluginError(f"{self.name}.observe, {at(i)}: {fault}")
+                raise PluginError(f"{self.name}.observe, {self.which(contexts, i)}: {fault}")
         return list(steps)
 
     def _step_fault(self, out: GenOut, step: Any) -> str | None:
         if not isinstance(step, Step):
             return f"returned a {type(step).__name__}, not a tg.agent.protocol.Step"
-        if list(step.gen_ids) != list(out.ids):
+        if not isinstance(step.gen_ids, (list, tuple)) or list(step.gen_ids) != list(out.ids):
             return "gen_ids are not the sampled ids; keep GenOut.ids as they are (tg.agent.env.generated_step)"
+        fault = _id_fault(step.obs_ids, self.vocab_size)
+        if fault:
+            return f"observation {fault}"
         if self.max_obs_tokens is not None and len(step.obs_ids) > self.max_obs_tokens:
             return (f"{len(step.obs_ids)} observation tokens exceed agent.max_obs_tokens={self.max_obs_tokens}; "
                     "encode the observation with tg.agent.env.encode_observation(tokenizer, text, max_obs_tokens)")
-        fault = _id_fault(step.obs_ids, self.vocab_size)
-        return f"observation {fault}" if fault else None
+        return None
 
 
 def _real(value: Any) -> float | None:
