@@ -54,6 +54,7 @@ def test_training_cell_writes_one_row_per_point_and_resumes(tmp_path):
     mini.run_experiment("smoke", workers=1, root=tmp_path, cells=[cell])
     assert (path.read_text(), mini.steps_path(path).read_text()) == before
     _check_rerun(path, cell, tmp_path)
+    _check_rerun_of_a_copy(path, cell, tmp_path)
 
 
 def test_a_run_resumed_after_an_interruption_counts_its_earlier_steps_in_run_s(tmp_path):
@@ -98,6 +99,26 @@ def _check_rerun(path, cell, tmp_path):
     with mock.patch.object(rerun, "experiments", lambda: {"smoke": [other]}), \
             pytest.raises(ConfigError, match="was made with config .* cannot be rerun exactly"):
         rerun.rerun(path, cell.name, 0)
+
+
+def _check_rerun_of_a_copy(path, cell, tmp_path):
+    """A row another grid copied (`reuse_rows`) reruns as the cell that trained it, though a start row of the same
+    configuration (a start's config is its tree's) comes first in the source grid."""
+    from unittest import mock
+
+    from tg.experiments import rerun
+    start = mini.Cell(cell.name.rpartition("/")[0] + "/start", "start", cell.overrides, seeds=(0,))
+    rows = _rows(path)
+    path.unlink()
+    append_csv_rows(path, [dict(rows[0], cell=start.name, step="0")] + rows)
+    copy = mini.Cell(cell.name.rpartition("/")[0] + "/(2,2,1)", "train", cell.overrides, seeds=(0,), points=cell.points)
+    copied = mini.reuse_rows([copy], path.with_name("copy.csv"))
+    assert [(r["cell"], r["step"], r["reused_from"]) for r in copied] == [(copy.name, "1", "smoke"), (copy.name, "2", "smoke")]
+    with mock.patch.object(rerun, "experiments", lambda: {"smoke": [start, cell], "copy": [copy]}):
+        lines = []
+        assert rerun.rerun(path.with_name("copy.csv"), copy.name, 0, steps=1, run_dir=tmp_path / "copy",
+                           out=lines.append).equal
+        assert lines[0].startswith(f"rerun of {path} {cell.name} seed 0") and sum("| yes |" in x for x in lines) == 1
 
 
 def test_declared_grids_and_regimes():
@@ -145,12 +166,12 @@ def test_select_cells_runs_a_grid_in_pieces_and_names_bad_cells():
 
 def test_budget_summary_pairs_methods_by_seed(tmp_path):
     import pandas as pd
-    rows = [dict(setting="multi-hop", regime="hard", method="start", seed=0, step=0, em_multi=4.0, em_single=40.0,
-                 calls_multi=1.5, calls_single=1.0)]
+    rows = [dict(cell="multi-hop/hard/start", setting="multi-hop", regime="hard", method="start", seed=0, step=0,
+                 em_multi=4.0, em_single=40.0, calls_multi=1.5, calls_single=1.0)]
     for seed in range(3):
         for method, em in (("chain", 10.0 + seed), ("tree", 12.0 + 2 * seed)):
-            rows.append(dict(setting="multi-hop", regime="hard", method=method, seed=seed, step=60, em_multi=em,
-                             em_single=50.0, calls_multi=2.0, calls_single=1.0))
+            rows.append(dict(cell=f"multi-hop/hard/{method}", setting="multi-hop", regime="hard", method=method,
+                             seed=seed, step=60, em_multi=em, em_single=50.0, calls_multi=2.0, calls_single=1.0))
     (tmp_path / "results" / "mini").mkdir(parents=True)
     pd.DataFrame(rows).to_csv(tmp_path / "results" / "mini" / "budget.csv", index=False)
     table = summary.report("budget", tmp_path)

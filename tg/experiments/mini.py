@@ -18,6 +18,7 @@ The two starting regimes are declared here, before any result was seen (results/
 from __future__ import annotations
 
 import csv
+import io
 import multiprocessing as mp
 import signal
 import time
@@ -29,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from tg.config import Config, ConfigError, load_config
-from tg.store.files import append_csv_rows, provenance
+from tg.store.files import append_csv_rows, checked_rows, drop_torn_row, exclusive_run, provenance
 
 REGIMES: dict[str, tuple[str, ...]] = {"moderate": (), "hard": ("warmup.early_stop_share=0.95",)}
 """Config overrides of each starting regime (the warm-up's difficulty knob)."""
@@ -171,13 +172,40 @@ def steps_path(path: Path) -> Path:
     return path.parent / "steps" / path.name
 
 
+GRID_KEY = ("cell", "seed", "step")
+"""What names a row of a grid's CSV (and of its steps/ and questions/ files): each key is there once."""
+
+
 def _row_key(row: dict) -> tuple[str, int, int]:
     return str(row["cell"]), int(row["seed"]), int(row["step"])
 
 
+def grid_rows(path: Path) -> list[dict]:
+    """The rows of a grid file (values as str), checked (`tg.store.files.checked_rows`): a torn last row is left
+    out with a warning; a wrong header, another malformed row or a (cell, seed, step) written twice is refused."""
+    return checked_rows(path, GRID_KEY, ints=("seed", "step"))[1]
+
+
+def read_grid(path: Path) -> pd.DataFrame:
+    """A grid file's checked rows (`grid_rows`) as a DataFrame, typed as pandas reads the CSV."""
+    header, rows = checked_rows(path, GRID_KEY, ints=("seed", "step"))
+    if not header:
+        return pd.DataFrame()
+    out = io.StringIO()
+    w = csv.DictWriter(out, fieldnames=header)
+    w.writeheader()
+    w.writerows(rows)
+    return pd.read_csv(io.StringIO(out.getvalue()))
+
+
+def append_grid_rows(path: Path, rows: list[dict]) -> None:
+    """Append rows to a grid file, refusing any whose (cell, seed, step) is already there."""
+    append_csv_rows(path, rows, key=GRID_KEY)
+
+
 def done_keys(path: Path) -> set[tuple[str, int, int]]:
-    """(cell, seed, step) of the rows already in the CSV."""
-    return {_row_key(r) for r in csv.DictReader(path.open())} if path.exists() else set()
+    """(cell, seed, step) of the rows already in the CSV (a torn last row is not done)."""
+    return {_row_key(r) for r in grid_rows(path)}
 
 
 @dataclass(frozen=True)
@@ -208,7 +236,7 @@ def reuse_rows(cells: list[Cell], path: Path) -> list[dict]:
     found: dict[tuple[str, str], dict] = {}
     for other in sorted(path.parent.glob("*.csv")):
         if other != path:
-            for r in csv.DictReader(other.open()):
+            for r in grid_rows(other):
                 if r.get("config_hash") and r.get("em_multi"):  # evaluated rows only (not ledger rows)
                     found.setdefault((r["config_hash"], r["step"]), {**r, "reused_from": r.get("reused_from") or other.stem})
     done, rows = done_keys(path), []
@@ -218,7 +246,7 @@ def reuse_rows(cells: list[Cell], path: Path) -> list[dict]:
             rows += [{**found[key, str(p)], "cell": c.name, **c.labels} for p in c.points
                      if (c.name, seed, p) not in done and (key, str(p)) in found]
     if rows:
-        append_csv_rows(path, rows)
+        append_grid_rows(path, rows)
     return rows
 
 
@@ -410,31 +438,48 @@ def _worker(jobs: Any, out: Any, root: str) -> None:
             out.put(("done", job, None))
 
 
+def run_lock(root: Path, name: str) -> Path:
+    """The lock file a run of grid `name` under `root` holds: runs/mini/<name>.lock, beside the runs' checkpoints,
+    which two runs of one grid would write at once too."""
+    return root / "runs" / "mini" / f"{name}.lock"
+
+
 def run_experiment(name: str, workers: int = 2, root: str | Path | None = None,
                    cells: list[Cell] | None = None) -> Path:
-    """Run every missing (cell, seed, point) of experiment `name`; rows go to <root>/results/mini/<name>.csv."""
-    from tqdm.auto import tqdm
-
+    """Run every missing (cell, seed, point) of experiment `name`; rows go to <root>/results/mini/<name>.csv. One run
+    of a grid under a root at a time: a second is refused at once (`run_lock`), so no row is made twice."""
     from tg.agent.world import resolve
-    from tg.pipeline import load_resources
+    if workers < 1:
+        raise ConfigError(f"--workers {workers}: a grid runs with at least 1 worker process (default 2)")
     cells = select_cells(name) if cells is None else cells
     root = Path(root) if root else resolve(".")
     path = mini_dir(root) / f"{name}.csv"
-    if name == "confirm":  # the declared rule picks the stage (tg.experiments.confirm, results/mini/confirm.md)
-        from tg.experiments import confirm
-        rows = pd.read_csv(path) if path.exists() else None
-        cells = confirm.active_cells(cells, rows)
-        print(f"experiment confirm: {confirm.primary_verdict(rows) if rows is not None else 'stage 1 running'}; "
-              f"stages run now: {', '.join(sorted({c.labels['stage'] for c in cells}))}", flush=True)
-    reused = reuse_rows(cells, path)
-    if reused:
-        print(f"experiment {name}: {len(reused)} rows copied from identical configurations already run "
-              f"({', '.join(sorted({r['reused_from'] for r in reused}))})", flush=True)
-    jobs = pending_jobs(name, cells, path)
-    print(f"experiment {name}: {len(cells)} cells, {len(jobs)} (cell, seed) jobs to run "
-          f"({sum(len(j.points) for j in jobs)} rows) -> {path}", flush=True)
-    if not jobs:
-        return path
+    with exclusive_run(run_lock(root, name), f"`tg mini run {name}` on {mini_dir(root)}"):
+        for p in (path, steps_path(path), questions_path(path)):  # a torn last row: dropped (one warning), made again
+            drop_torn_row(p, GRID_KEY, ints=("seed", "step"))
+        if name == "confirm":  # the declared rule picks the stage (tg.experiments.confirm, results/mini/confirm.md)
+            from tg.experiments import confirm
+            rows = read_grid(path) if path.exists() else None
+            cells = confirm.active_cells(cells, rows)
+            print(f"experiment confirm: {confirm.primary_verdict(rows) if rows is not None else 'stage 1 running'}; "
+                  f"stages run now: {', '.join(sorted({c.labels['stage'] for c in cells}))}", flush=True)
+        reused = reuse_rows(cells, path)
+        if reused:
+            print(f"experiment {name}: {len(reused)} rows copied from identical configurations already run "
+                  f"({', '.join(sorted({r['reused_from'] for r in reused}))})", flush=True)
+        jobs = pending_jobs(name, cells, path)
+        print(f"experiment {name}: {len(cells)} cells, {len(jobs)} (cell, seed) jobs to run "
+              f"({sum(len(j.points) for j in jobs)} rows) -> {path}", flush=True)
+        if jobs:
+            _run_jobs(name, jobs, cells, root, path, workers)
+    return path
+
+
+def _run_jobs(name: str, jobs: list[Job], cells: list[Cell], root: Path, path: Path, workers: int) -> None:
+    """Do `jobs` in `workers` processes (inline with one), writing each row to `path` as it arrives."""
+    from tqdm.auto import tqdm
+
+    from tg.pipeline import load_resources
     for overrides in dict.fromkeys(c.overrides for c in cells if c.kind != "theory"):
         load_resources(cell_config(Cell("", "start", overrides), 0))  # world and pinned starts, once, before the workers
     t0, errors = time.perf_counter(), []
@@ -461,7 +506,6 @@ def run_experiment(name: str, workers: int = 2, root: str | Path | None = None,
           f"{len(errors)} failed job(s)", flush=True)
     for e in errors:
         print("  FAILED", e)
-    return path
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
@@ -485,12 +529,12 @@ def _collect(events: Any, path: Path, bar: Any, errors: list[str], n_jobs: int |
             steps = payload.pop(STEPS_KEY, [])
             done = done_keys(steps_path(path))
             if new := [r for r in steps if _row_key(r) not in done]:  # steps first: a row means its steps are in
-                append_csv_rows(steps_path(path), new)
+                append_grid_rows(steps_path(path), new)
             if outcomes := payload.pop(QUESTIONS_KEY, None):
                 key = {k: payload[k] for k in ("cell", "seed", "step")}
                 if _row_key(key) not in done_keys(questions_path(path)):
-                    append_csv_rows(questions_path(path), [{**key, **outcomes}])
-            append_csv_rows(path, [payload])
+                    append_grid_rows(questions_path(path), [{**key, **outcomes}])
+            append_grid_rows(path, [payload])
             step = int(payload["step"]) if job.cell.kind == "train" else 0
             bar.update(max(step - progressed.get(job, 0), 0))
             progressed[job] = max(step, progressed.get(job, 0))

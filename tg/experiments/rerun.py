@@ -15,7 +15,6 @@ DIR/results/mini/GRID.csv`).
 
 from __future__ import annotations
 
-import csv
 import math
 import tempfile
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from typing import Callable
 
 from tg.agent.data import DataError
 from tg.config import ConfigError
-from tg.experiments.mini import GRID_THREADS, Cell, cell_config, experiments, mini_dir, steps_path
+from tg.experiments.mini import GRID_THREADS, Cell, cell_config, experiments, grid_rows, mini_dir, steps_path
 from tg.trainer import METRICS, TIMERS
 
 COMPARED_STEP = tuple(k for k in METRICS if k not in TIMERS and k != "step")
@@ -54,27 +53,34 @@ def grid_csv(grid_or_csv: str, root: str | Path | None = None) -> Path:
 
 
 def committed(path: Path, cell_name: str, seed: int) -> Committed:
-    """The committed rows of (cell, seed) in `path`; a row copied from another grid (`reused_from`) is
-    looked up where it was trained."""
+    """The committed rows of (cell, seed) in `path`; a row copied from another grid (`reused_from`) is looked up
+    where it was trained (`source_cell`)."""
     grid = path.stem
     cells = {c.name: c for c in experiments().get(grid, [])}
     if cell_name not in cells:
         raise ConfigError(f"{cell_name!r} is not a cell of grid {grid!r}; its cells: {', '.join(map(repr, cells))}")
-    rows = {int(r["step"]): r for r in csv.DictReader(path.open())
-            if r["cell"] == cell_name and int(r["seed"]) == seed}
+    rows = {int(r["step"]): r for r in grid_rows(path) if r["cell"] == cell_name and int(r["seed"]) == seed}
     if not rows:
         raise DataError(f"{path}: no row of cell {cell_name!r} with seed {seed}")
     source = next(iter(rows.values())).get("reused_from")
     if source:
         src_path = path.parent / f"{source}.csv"
-        h = next(iter(rows.values()))["config_hash"]
-        src_cell = next(r["cell"] for r in csv.DictReader(src_path.open()) if r["config_hash"] == h)
-        return committed(src_path, src_cell, seed)
-    steps = {}
-    if steps_path(path).exists():
-        steps = {int(r["step"]): r for r in csv.DictReader(steps_path(path).open())
-                 if r["cell"] == cell_name and int(r["seed"]) == seed}
+        return committed(src_path, source_cell(src_path, cell_name, seed, rows), seed)
+    steps = {int(r["step"]): r for r in grid_rows(steps_path(path)) if r["cell"] == cell_name and int(r["seed"]) == seed}
     return Committed(path, cells[cell_name], seed, rows, steps)
+
+
+def source_cell(src_path: Path, cell_name: str, seed: int, rows: dict[int, dict]) -> str:
+    """The cell of `src_path` whose rows `rows` (cell `cell_name`, `seed`) were copied from: a row the source grid
+    made itself with the same config hash, seed and step; the same cell name first. By steps, not by hash alone:
+    a start cell (step 0) can share a training cell's configuration."""
+    h = next(iter(rows.values()))["config_hash"]
+    found = [r["cell"] for r in grid_rows(src_path) if r["config_hash"] == h and int(r["seed"]) == seed
+             and int(r["step"]) in rows and not r.get("reused_from")]
+    if not found:
+        raise DataError(f"{src_path}: no row of config {h} seed {seed} at steps {sorted(rows)}, where the rows of "
+                        f"{cell_name!r} were copied from")
+    return cell_name if cell_name in found else found[0]
 
 
 def _same(committed_value: str, value: float) -> bool:
@@ -163,7 +169,8 @@ class GridComparison:
 
 
 def _keyed(path: Path) -> dict[tuple[str, str, str], dict]:
-    return {(r["cell"], r["seed"], r["step"]): r for r in csv.DictReader(path.open())} if path.exists() else {}
+    """A grid file's checked rows (`grid_rows`: each key once) by (cell, seed, step)."""
+    return {(r["cell"], r["seed"], r["step"]): r for r in grid_rows(path)}
 
 
 def compare_rows(grid: str, kind: str, committed_csv: Path, rerun_csv: Path, skip: tuple[str, ...],

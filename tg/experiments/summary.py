@@ -10,16 +10,18 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from tg.experiments.mini import mini_dir
+from tg.experiments.mini import mini_dir, read_grid
 
 
 def load_rows(name: str, root: str | Path | None = None) -> pd.DataFrame:
-    """results/mini/<name>.csv as a DataFrame (ConfigError naming the command when it is missing)."""
+    """results/mini/<name>.csv as a DataFrame, its rows checked (`tg.experiments.mini.read_grid`: a torn last row
+    left out, a wrong header or a (cell, seed, step) written twice refused, so no summary averages a row twice);
+    ConfigError naming the command when the file is missing."""
     from tg.config import ConfigError
     path = mini_dir(root) / f"{name}.csv"
     if not path.exists():
         raise ConfigError(f"{path} does not exist: run `tg mini run {name}` first")
-    return pd.read_csv(path)
+    return read_grid(path)
 
 
 def budget_summary(df: pd.DataFrame) -> pd.DataFrame:
@@ -156,7 +158,7 @@ def _cell_table(df: pd.DataFrame, ref: str | Mapping[str, str] | None, cells: li
 
 def load_steps(root: str | Path | None = None) -> dict[str, pd.DataFrame]:
     """Each grid's committed per-step metrics (results/mini/steps/<grid>.csv), for the grids that have them."""
-    return {p.stem: pd.read_csv(p) for p in sorted((mini_dir(root) / "steps").glob("*.csv"))}
+    return {p.stem: read_grid(p) for p in sorted((mini_dir(root) / "steps").glob("*.csv"))}
 
 
 def cost_table(frames: Mapping[str, pd.DataFrame], steps: Mapping[str, pd.DataFrame] | None = None) -> str:
