@@ -3,7 +3,11 @@
 Results are data, figures are code. A figure script reads only CSVs:
 - `results/paper/*.csv`: the PAPER's numbers (arXiv 2509.21240 v3, transcribed; see
   `results/paper/README.md`), always labelled `PAPER`;
-- `results/*.csv`, `results/mini/*.csv`: rows that `tg` measured, labelled `tg (<preset>, <date>)`.
+- `results/*.csv`, `results/mini/*.csv`: rows that `tg` measured, labelled `tg (<preset>)` (their dates and
+  git shas stay in the rows, not in the titles).
+
+Readable at notebook width: text no smaller than the tick labels (`matplotlib.rcParams` below), and one
+error-bar convention, `ERROR_BARS`: the standard error of the mean over seeds.
 
 EM and F1 are percentages (x100) everywhere, as printed in the paper and as `tg.evaluate.result_row`
 writes them. This module imports matplotlib, pandas and numpy only (never torch), so
@@ -18,6 +22,9 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, no display; set before pyplot is imported anywhere
 import matplotlib.pyplot as plt  # noqa: E402
+
+plt.rcParams.update({"font.size": 11, "axes.titlesize": 11, "axes.labelsize": 11, "xtick.labelsize": 10,
+                     "ytick.labelsize": 10, "legend.fontsize": 10, "figure.titlesize": 12})
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
@@ -27,6 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 """The repository root: scripts read `<root>/results/` and write `<root>/figures/`."""
 
 PAPER = "paper (arXiv 2509.21240)"
+ERROR_BARS = "error bars: ± 1 standard error of the mean over seeds"
+"""The one error-bar convention of every figure over seeds, written on each such figure."""
 CHAIN_COLOR, TREE_COLOR = "tab:blue", "tab:orange"
 SINGLE_HOP, MULTI_HOP = SETTINGS["single-hop"][1], SETTINGS["multi-hop"][1]
 """The paper's test sets of each setting (Table 1's two halves)."""
@@ -46,12 +55,15 @@ def ours(root: Path, relpath: str) -> pd.DataFrame | None:
     return df if len(df) else None
 
 
+def span(df: pd.DataFrame, col: str) -> str:
+    """The column's one value, or its range 'first..last' when the rows differ; '?' when absent."""
+    vals = sorted(df[col].dropna().astype(str).unique()) if col in df else []
+    return "?" if not vals else vals[0] if len(vals) == 1 else f"{vals[0]}..{vals[-1]}"
+
+
 def tg_label(df: pd.DataFrame) -> str:
-    """'tg (<preset>, <date>)' from the rows' provenance columns; ranges when they differ."""
-    def span(col: str) -> str:
-        vals = sorted(df[col].dropna().astype(str).unique()) if col in df else []
-        return "?" if not vals else vals[0] if len(vals) == 1 else f"{vals[0]}..{vals[-1]}"
-    return f"tg ({span('preset')}, {span('date')})"
+    """'tg (<preset>)' from the rows' provenance column; the dates stay in the rows (`span(df, "date")`)."""
+    return f"tg ({span(df, 'preset')})"
 
 
 def trained(df: pd.DataFrame) -> pd.DataFrame:
@@ -95,12 +107,14 @@ def start_title(regime: str) -> str:
 
 
 def seed_stats(df: pd.DataFrame, keys: list[str], value: str) -> pd.DataFrame:
-    """Mean, std (0 for one seed) and number of seeds of `value` per cell, at the cell's last step; per
-    starting regime too where the rows have one (runs from different starts are never pooled)."""
+    """Mean, std, standard error (`se`, the one the figures draw; 0 for one seed) and number of seeds of
+    `value` per cell, at the cell's last step; per starting regime too where the rows have one (runs from
+    different starts are never pooled)."""
     keys = keys + ["regime"] if "regime" in df and "regime" not in keys else keys
     rows = final_rows(df, keys)
     out = rows.groupby(keys, dropna=False)[value].agg(["mean", "std", "count"]).reset_index()
     out["std"] = out["std"].fillna(0.0)
+    out["se"] = out["std"] / np.sqrt(out["count"])
     return out
 
 
@@ -118,13 +132,13 @@ def shape(m: float, n: float, l: float) -> str:
 
 def note(ax: plt.Axes, text: str) -> None:
     """An empty panel that says why it is empty."""
-    ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=9, wrap=True, transform=ax.transAxes,
+    ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=11, wrap=True, transform=ax.transAxes,
             bbox=dict(boxstyle="round", fc="0.95", ec="0.7"))
     ax.set_xticks([])
     ax.set_yticks([])
 
 
-def bar_labels(ax: plt.Axes, bars, fmt: str = "{:.1f}", size: float = 6.5, inside: bool = False) -> None:
+def bar_labels(ax: plt.Axes, bars, fmt: str = "{:.1f}", size: float = 10, inside: bool = False) -> None:
     """Each bar's value above it, or inside it where error bars stand above (the figure doubles as the
     table). Zero-height bars get no label."""
     labels = [fmt.format(b.get_height()) if b.get_height() else "" for b in bars]
@@ -138,7 +152,8 @@ def grouped_bars(ax: plt.Axes, mean: pd.DataFrame, colors: list[str], std: pd.Da
                  fmt: str = "{:.1f}") -> None:
     """Bars grouped by `mean`'s rows (x ticks), one bar per column (the legend label), values on them.
 
-    mean, std: (groups, series). Error bars (and values inside the bars) only where `std` is given."""
+    mean, std: (groups, series); `std` is the error bar's half-length (the figures pass the standard error).
+    Error bars (and values inside the bars) only where `std` is given."""
     w = 0.8 / mean.shape[1]
     x = np.arange(len(mean))
     for k, col in enumerate(mean.columns):
@@ -146,7 +161,7 @@ def grouped_bars(ax: plt.Axes, mean: pd.DataFrame, colors: list[str], std: pd.Da
         bars = ax.bar(x + (k - (mean.shape[1] - 1) / 2) * w, mean[col], w, yerr=err, capsize=3,
                       color=colors[k % len(colors)], label=str(col))
         bar_labels(ax, bars, fmt=fmt, inside=err is not None)
-    ax.set_xticks(x, [str(i) for i in mean.index], fontsize=8)
+    ax.set_xticks(x, [str(i) for i in mean.index])
     ax.grid(axis="y", alpha=0.3)
 
 
@@ -156,7 +171,7 @@ def legend(ax: plt.Axes, axes, **kw) -> None:
     for a in np.ravel(axes):
         for h, lab in zip(*a.get_legend_handles_labels()):
             seen.setdefault(lab, h)
-    ax.legend(list(seen.values()), list(seen), fontsize=7.5, **kw)
+    ax.legend(list(seen.values()), list(seen), **kw)
 
 
 def save(fig: plt.Figure, root: Path, name: str) -> Path:

@@ -49,23 +49,23 @@ def draw(root: Path):
         bars = top.bar(x, mean.fillna(0), 0.6, yerr=se.fillna(0), capsize=3, alpha=0.8,
                        color=[color for _, color in CELLS.values()])
         c.bar_labels(top, bars, fmt="{:.1f}", inside=True)
-        top.set_xticks(x, [label.replace(", ", "\n") for label, _ in CELLS.values()], fontsize=8)
+        top.set_xticks(x, [label.replace(", ", "\n") for label, _ in CELLS.values()])
         top.set_ylabel(f"multi-hop test EM (x100) at step {int(d['step'].max())}")
-        top.set_title(f"{c.tg_label(d)}, {regime} start: mean ± se, lines = seeds", fontsize=9)
+        top.set_title(f"{c.tg_label(d)}, {regime} start: mean, lines = seeds")
         top.grid(axis="y", alpha=0.3)
         spent = d.groupby("method")[["generated_per_q", "calls_multi"]].mean().reindex(list(CELLS))
         bottom.bar(x - 0.2, spent["generated_per_q"].fillna(0), 0.4, color="tab:grey", label="generated tokens / training q")
         twin = bottom.twinx()
         twin.bar(x + 0.2, spent["calls_multi"].fillna(0), 0.4, color="tab:green", label="searches / multi-hop test q")
-        bottom.set_xticks(x, [label.replace(", ", "\n") for label, _ in CELLS.values()], fontsize=8)
+        bottom.set_xticks(x, [label.replace(", ", "\n") for label, _ in CELLS.values()])
         bottom.set_ylabel("generated tokens per training question")
         twin.set_ylabel("searches per multi-hop test question")
-        bottom.set_title("the budget each cell spent (mean over training) and its searches at the end", fontsize=9)
+        bottom.set_title("the budget each cell spent (mean over training) and its searches at the end")
         bottom.set_ylim(0, 1.3 * spent["generated_per_q"].max())   # headroom: the legends sit above the bars
         twin.set_ylim(0, 1.3 * spent["calls_multi"].max())
-        bottom.legend(loc="upper left", fontsize=7.5)
-        twin.legend(loc="upper right", fontsize=7.5)
-    fig.suptitle("Where to branch at equal budget (≈4 chain-equivalents): beyond the paper, tg's miniature only",
-                 fontsize=10)
+        bottom.legend(loc="upper left")
+        twin.legend(loc="upper right")
+    fig.suptitle("Where to branch at equal budget (≈4 chain-equivalents): beyond the paper, tg's miniature only\n"
+                 + c.ERROR_BARS)
     fig.tight_layout()
     return fig

@@ -2,10 +2,10 @@
 paper's budget of about 4, multi-hop from a moderate and a hard-exploration start, and single-hop.
 
 Reads results/mini/budget.csv alone (`tg mini run budget`). Top row: greedy test EM against training
-step for each setting and regime, every seed a thin line, the mean ± std over seeds thick; the
-starting policy is step 0. Bottom row: EM and tool calls per test question at the final step (mean ±
-std over the seeds that reached it). The paper's budget-4 numbers (Qwen2.5-3b, Table 3) are written
-beside ours as text, labelled.
+step for each setting and regime, every seed a thin line, the mean ± standard error over seeds thick
+(`_common.ERROR_BARS`); the starting policy is step 0. Bottom row: EM and searches per test question at
+the final step (mean ± standard error over the seeds that reached it, each seed a dot). The paper's
+budget-4 numbers (Qwen2.5-3b, Table 3) are written beside ours as text, labelled.
 Writes figures/fig_mini_budget.png.
 """
 
@@ -55,61 +55,61 @@ def curves(ax, df: pd.DataFrame, value: str) -> None:
         for _, s in d.groupby("seed"):
             s = s.sort_values("step")
             ax.plot(s["step"], s[value], color=color, alpha=0.25, lw=0.8)
-        g = d.groupby("step")[value].agg(["mean", "std"]).reset_index()
-        ax.errorbar(g["step"], g["mean"], yerr=g["std"].fillna(0), color=color, lw=2, capsize=3, marker="o",
+        g = d.groupby("step")[value].agg(["mean", "sem"]).reset_index()
+        ax.errorbar(g["step"], g["mean"], yerr=g["sem"].fillna(0), color=color, lw=2, capsize=3, marker="o",
                     label=f"{LABELS[method]} ({d['seed'].nunique()} seeds)")
     ax.set_xlabel("training step")
+    ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
 
 
 def final_bars(ax, df: pd.DataFrame, value: str, fmt: str) -> None:
-    """Mean ± std over seeds at the final evaluation step (seeds still running are left out), per panel and
+    """Mean ± standard error over seeds at the final evaluation step (seeds still running are left out), per panel and
     method; per-seed dots on top."""
     last = df[df["step"] == df["step"].max()]
     x = np.arange(len(PANELS))
     for k, (method, color) in enumerate(COLORS.items()):
-        means, stds = [], []
+        means, ses = [], []
         for i, (setting, regime, _) in enumerate(PANELS):
             v = last[(last["setting"] == setting) & (last["regime"] == regime) & (last["method"] == method)][value]
             means.append(v.mean() if len(v) else 0.0)
-            stds.append(v.std() if len(v) > 1 else 0.0)
+            ses.append(v.sem() if len(v) > 1 else 0.0)
             ax.scatter(np.full(len(v), i + (k - 0.5) * 0.4), v, s=8, color="k", zorder=3)
-        bars = ax.bar(x + (k - 0.5) * 0.4, means, 0.4, yerr=stds, capsize=3, color=color, label=LABELS[method])
+        bars = ax.bar(x + (k - 0.5) * 0.4, means, 0.4, yerr=ses, capsize=3, color=color, label=LABELS[method])
         c.bar_labels(ax, bars, fmt=fmt, inside=True)
-    ax.set_xticks(x, [f"{s}\n{r} start" for s, r, _ in PANELS], fontsize=8)
+    ax.set_xticks(x, [f"{s}\n{r} start" for s, r, _ in PANELS])
     ax.grid(axis="y", alpha=0.3)
 
 
 def draw(root: Path):
     df = load(root)
-    fig, ax = c.plt.subplots(2, 3, figsize=(14, 7.5))
+    fig, ax = c.plt.subplot_mosaic([["c0", "c0", "c1", "c1", "c2", "c2"], ["em"] * 3 + ["calls"] * 3],
+                                   figsize=(15, 8.5))
     if df is None:
-        for a in ax.ravel():
+        for a in ax.values():
             c.note(a, "tg miniature: not run yet\n(`tg mini run budget`, see results/mini/README.md)")
         return fig
     paper = paper_budget4(root)
-    for a, (setting, regime, value) in zip(ax[0], PANELS):
+    for a, (setting, regime, value) in zip((ax["c0"], ax["c1"], ax["c2"]), PANELS):
         curves(a, df[(df["setting"] == setting) & (df["regime"] == regime)], value)
         ch, tr = paper[setting]
-        a.set_title(f"{c.tg_label(df)}: {setting} EM, {regime} start\n"
-                    f"{c.PAPER}, Qwen2.5-3b at ≈4: chain {ch}, tree {tr}", fontsize=8.5)
-        a.set_ylabel(f"greedy test EM (x100), {value.split('_')[1]}-hop questions")
-    ax[0, 0].legend(fontsize=7.5, loc="upper left")
-    final_bars(ax[1, 0], df.assign(em=np.where(df["setting"] == "single-hop", df["em_single"], df["em_multi"])),
+        a.set_title(f"{setting} EM, {regime} start\n(paper, Qwen2.5-3b at ≈4: chain {ch}, tree {tr})")
+        a.set_ylabel(f"greedy {setting} test EM (x100)")
+    ax["c0"].legend(loc="lower right")
+    step = int(df["step"].max())
+    final_bars(ax["em"], df.assign(em=np.where(df["setting"] == "single-hop", df["em_single"], df["em_multi"])),
                "em", "{:.1f}")
-    ax[1, 0].set_ylabel("greedy test EM (x100)")
-    ax[1, 0].set_title(f"EM at step {int(df['step'].max())}: mean ± std over seeds, dots = seeds", fontsize=9)
-    final_bars(ax[1, 1], df.assign(calls=np.where(df["setting"] == "single-hop", df["calls_single"], df["calls_multi"])),
-               "calls", "{:.2f}")
-    ax[1, 1].set_ylabel(f"searches per test question at step {int(df['step'].max())}")
-    ax[1, 1].set_title("searches per question (claim 6; paper Fig. 5: tree training makes more\n"
-                       "actions per multi-hop question, 2.4 -> 3.0, which count is unverified)", fontsize=9)
-    ax[1, 1].legend(fontsize=7.5)
-    c.note(ax[1, 2], "Same 60-step schedule, seeds and test sets for both methods.\n"
-                     "Budget: tree (2,2,1) = 2 (1 + 2/2) = 4 chain-equivalents.\n"
-                     "tg's tiny model and synthetic world are not the paper's:\n"
-                     "compare directions, not numbers.")
-    fig.suptitle("Miniature of Table 1 / Table 3 at budget ≈4: chain GRPO vs Tree-GRPO", fontsize=10)
+    ax["em"].set_ylabel("greedy test EM (x100)")
+    ax["em"].set_title(f"EM at step {step}, dots = seeds")
+    final_bars(ax["calls"], df.assign(calls=np.where(df["setting"] == "single-hop", df["calls_single"],
+                                                     df["calls_multi"])), "calls", "{:.2f}")
+    ax["calls"].set_ylabel(f"searches per test question at step {step}")
+    ax["calls"].set_title("searches per question (claim 6; the paper's Fig. 5 shows more\n"
+                          "actions per question under tree training)")
+    ax["calls"].legend(loc="lower right")
+    fig.suptitle(f"{c.tg_label(df)} miniature of Table 3 at budget ≈4: chain GRPO vs Tree-GRPO (2,2,1) = 2 (1 + 2/2) = 4 chains; "
+                 "same 60-step schedule, seeds and test sets\n"
+                 f"tg's tiny model and synthetic world are not the paper's: compare directions, not numbers.\n"
+                 f"Paper numbers: {c.PAPER}, Table 3. {c.ERROR_BARS}")
     fig.tight_layout()
     return fig
-

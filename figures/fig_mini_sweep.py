@@ -2,7 +2,7 @@
 
 Left: the paper's multi-hop rows of Table 3 (results/paper/table3_budget_em.csv, Qwen2.5-3b). Right: the
 tg miniature (results/mini/sweep.csv, `tg mini run sweep`: chain G against tree (G/2, 2, 1), multi-hop,
-one panel per starting regime, hard first), multi-hop EM at each seed's last step, mean ± std over seeds;
+one panel per starting regime, hard first), multi-hop EM at each seed's last step, mean ± standard error over seeds;
 a "not run yet" note until the file exists, and at each of the paper's budgets a regime has no rows for.
 The dotted line marks the tree at ≈4, for the paper's "a tree at a quarter of the budget matches the
 chain" reading.
@@ -23,7 +23,7 @@ NAME = "fig_mini_sweep.png"
 
 
 def load(root: Path) -> tuple[pd.DataFrame, pd.DataFrame | None]:
-    """(budget, kind, M, N, L, mean, std, count): the paper's multi-hop rows, and ours or None."""
+    """(budget, kind, M, N, L, mean, std, se, count): the paper's multi-hop rows, and ours or None."""
     paper = table3(root)[0].query("hop == 'multi'")
     mini = c.ours(root, "mini/sweep.csv")
     if mini is None:
@@ -44,7 +44,7 @@ def _not_run(ax, df: pd.DataFrame, budgets: list[float]) -> None:
     """Each of the paper's `budgets` without rows in `df` is marked "not run yet"."""
     lo, hi = ax.get_ylim()
     for b in sorted(set(budgets) - set(df["budget"])):
-        ax.text(b, hi - 0.04 * (hi - lo), "not run yet", rotation=90, ha="center", va="top", fontsize=8, color="0.4")
+        ax.text(b, hi - 0.04 * (hi - lo), "not run yet", rotation=90, ha="center", va="top", color="0.4")
 
 
 def draw(root: Path):
@@ -52,9 +52,9 @@ def draw(root: Path):
     fig, left, right = c.paper_beside_starts(ours)
     panel(left, paper)
     _quarter(left, paper)
-    left.set_title(f"{c.PAPER}, Qwen2.5-3b: multi-hop avg", fontsize=9)
+    left.set_title(f"{c.PAPER}, Qwen2.5-3b: multi-hop avg")
     left.set_ylabel("EM (x100)")
-    left.legend(fontsize=7.5, loc="lower right")
+    left.legend(loc="lower right")
     for ax, regime, df in right:
         if df is None:
             c.note(ax, "tg miniature: not run yet\n(`tg mini run sweep`; see results/mini/README.md)")
@@ -63,13 +63,13 @@ def draw(root: Path):
         panel(ax, df, budgets)
         _not_run(ax, df, budgets)
         _quarter(ax, df)
-        ax.set_title(f"{ours['label'].iloc[0]} miniature,{c.start_title(regime)}:\nmulti-hop EM, mean ± std (band) "
-                     f"over {c.seed_count(df['count'])} seeds", fontsize=9)
-        ax.legend(fontsize=7.5, loc="lower right")
+        ax.set_title(f"{ours['label'].iloc[0]} miniature,{c.start_title(regime)}:\nmulti-hop EM, mean over "
+                     f"{c.seed_count(df['count'])} seeds")
+        ax.legend(loc="lower right")
     for ax in fig.axes:
         ax.set_xlabel("budget (chain-equivalent trajectories per prompt)")
-    fig.suptitle("Table 3 with training at each budget (left: paper; right: tg, a different model and world)",
-                 fontsize=10)
+    fig.suptitle("Table 3 with training at each budget (left: paper; right: tg, a different model and world)\n"
+                 f"shaded: {c.ERROR_BARS.removeprefix('error bars: ')}")
     fig.tight_layout()
     return fig
 

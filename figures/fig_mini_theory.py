@@ -32,9 +32,9 @@ def draw(root: Path):
     ax.set_xlabel("p(win) of the random toy policy")
     ax.set_ylabel("largest absolute difference (float64)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend()
     ax.set_title(f"{c.tg_label(df.assign(preset='toy'))}: Proposition 3.1 on {len(df)} random toy trees\n"
-                 "intra-tree GRPO gradient = p(win) x step-level DPO gradient, to round-off", fontsize=9)
+                 "intra-tree GRPO gradient = p(win) x step-level DPO gradient, to round-off")
     fig.tight_layout()
     return fig
 

@@ -28,7 +28,7 @@ def _paper_method(method: str) -> str | None:
 
 
 def load(root: Path) -> tuple[pd.DataFrame, pd.DataFrame | None]:
-    """The paper's rows of MODELS; our Qwen rows as (model, method, average, mean, std, count)."""
+    """The paper's rows of MODELS; our Qwen rows as (model, method, average, mean, std, se, count)."""
     paper = c.paper(root, "table1_qa_em")
     paper = paper[paper["model"].isin(MODELS)].reset_index(drop=True)
     runs = c.ours(root, "runs.csv")
@@ -54,24 +54,23 @@ def draw(root: Path):
         for k, (avg, cols) in enumerate(AVERAGES.items()):
             hop = avg.split("_")[0]
             bars = ax.bar(x + (k - 0.5) * w, rows[avg], w, color=("#9ecae1", "#3182bd")[k],
-                          label=f"{PAPER_LABEL}: {hop}-hop avg")
-            c.bar_labels(ax, bars)
+                          label=f"{PAPER_LABEL}: {hop}-hop avg")  # values: the table, one call away
             misprint = (rows[list(cols)].mean(axis=1) - rows[avg]).abs() > 0.15
             for i in np.flatnonzero(misprint.to_numpy()):
                 ax.annotate("*", (x[i] + (k - 0.5) * w, rows[avg].iloc[i] + 2.5), ha="center", color="crimson")
         if ours is not None:
             _draw_ours(ax, ours[ours["model"] == model], methods, x, w)
-        ax.set_title(model, fontsize=10)
-        ax.set_xticks(x, [m.replace(" ", "\n") for m in methods], fontsize=8)
+        ax.set_title(model)
+        ax.set_xticks(x, [m.replace(" ", "\n") for m in methods])
         ax.grid(axis="y", alpha=0.3)
     axes[0].set_ylabel("EM (x100)")
     axes[0].set_ylim(0, 62)
     c.legend(axes[0], axes, loc="upper left")
     foot = "* printed average differs from the mean of its columns (kept as printed; results/paper/README.md)."
     foot += "" if ours is not None else "   No tg rows yet (results/runs.csv has no Qwen rows)."
-    fig.text(0.01, -0.02, foot, fontsize=7.5, ha="left")
+    fig.text(0.01, -0.02, foot, ha="left")
     who = f"bars: {PAPER_LABEL}" + ("; diamonds: tg" if ours is not None else "")
-    fig.suptitle(f"Table 1: search-agent QA, average EM by method ({who})", fontsize=10)
+    fig.suptitle(f"Table 1: search-agent QA, average EM by method ({who})")
     fig.tight_layout()
     return fig
 
@@ -80,8 +79,8 @@ def _draw_ours(ax, ours: pd.DataFrame, methods: list[str], x: np.ndarray, w: flo
     for k, avg in enumerate(AVERAGES):
         s = ours[(ours["average"] == avg) & ours["method"].isin(methods)]
         xs = [x[methods.index(m)] + (k - 0.5) * w for m in s["method"]]
-        ax.errorbar(xs, s["mean"], yerr=s["std"], fmt="D", color="black", ms=5, capsize=3,
-                    label=f"{s['label'].iloc[0]}, mean ± std over seeds" if k == 0 and len(s) else None)
+        ax.errorbar(xs, s["mean"], yerr=s["se"], fmt="D", color="black", ms=5, capsize=3,
+                    label=f"{s['label'].iloc[0]}, mean ± standard error over seeds" if k == 0 and len(s) else None)
         for xi, m in zip(xs, s["mean"]):
-            ax.annotate(f"{m:.1f}", (xi + 0.06, m), fontsize=6.5, va="center")
+            ax.annotate(f"{m:.1f}", (xi + 0.06, m), va="center")
 

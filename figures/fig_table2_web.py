@@ -31,11 +31,10 @@ def draw(root: Path):
     fig, axes = c.plt.subplots(1, len(MODELS), figsize=(12, 4), sharey=True)
     for ax, model in zip(axes, MODELS):
         c.grouped_bars(ax, df[df["model"] == model].set_index("method")[list(COLUMNS.values())].T, COLORS)
-        ax.set_title(model, fontsize=9.5)
+        ax.set_title(model)
     axes[0].set_ylabel("F1 (x100)")
-    axes[0].legend(fontsize=8, loc="upper right")
-    fig.suptitle(f"Table 2: web-agent QA, {c.PAPER} (no tg counterpart: tg searches a local corpus)",
-                 fontsize=10)
+    axes[0].legend(loc="upper right")
+    fig.suptitle(f"Table 2: web-agent QA, {c.PAPER} (no tg counterpart: tg searches a local corpus)")
     fig.tight_layout()
     return fig
 

@@ -3,7 +3,8 @@
 Left: the paper (results/paper/table4_advantage_ablation_em.csv, Qwen2.5-3b, multi-hop avg EM);
 the run that collapsed (intra only with 3 leaves per tree) is a zero bar marked "collapse". Right:
 the tg miniature (results/mini/ablation.csv: budget, advantage or method, M, N, L, seed, em_multi,
-optionally `collapsed`), mean ± std over the seeds that did not collapse; a cell without rows is marked
+optionally `collapsed`), mean ± standard error over the seeds that did not
+collapse; a cell without rows is marked
 "not run yet".
 Writes figures/fig_table4_ablation.png.
 """
@@ -35,10 +36,10 @@ def _advantage(df: pd.DataFrame) -> pd.Series:
 
 
 def load(root: Path) -> tuple[pd.DataFrame, pd.DataFrame | None]:
-    """(budget, advantage, shape, mean, std, count, collapsed): the paper's, and ours or None."""
+    """(budget, advantage, shape, mean, std, se, count, collapsed): the paper's, and ours or None."""
     p = c.paper(root, "table4_advantage_ablation_em")
     paper = p.assign(advantage=_advantage(p), mean=pd.to_numeric(p["multi_hop_avg"], errors="coerce"), std=0.0,
-                     count=1, collapsed=p["multi_hop_avg"].astype(str).eq("collapse").astype(int))
+                     se=0.0, count=1, collapsed=p["multi_hop_avg"].astype(str).eq("collapse").astype(int))
     mini = c.ours(root, "mini/ablation.csv")
     if mini is None:
         return _with_shape(paper), None
@@ -64,12 +65,12 @@ def panel(ax, df: pd.DataFrame) -> None:
     for k, adv in enumerate(advs):
         s = df[df["advantage"] == adv].set_index("group").reindex(groups)
         xs = np.arange(len(groups)) + (k - (len(advs) - 1) / 2) * w
-        bars = ax.bar(xs, s["mean"].fillna(0), w, yerr=s["std"].where(s["count"] > 1), capsize=3,
+        bars = ax.bar(xs, s["mean"].fillna(0), w, yerr=s["se"].where(s["count"] > 1), capsize=3,
                       color=COLORS[adv], label=LABELS[adv])
         c.bar_labels(ax, bars, inside=bool((s["count"] > 1).any()))
         for x, (_, r) in zip(xs, s.iterrows()):
             _mark(ax, x, r)
-    ax.set_xticks(np.arange(len(groups)), groups, fontsize=8)
+    ax.set_xticks(np.arange(len(groups)), groups)
     ax.grid(axis="y", alpha=0.3)
 
 
@@ -78,24 +79,24 @@ def _mark(ax, x: float, r: pd.Series) -> None:
     some seeds: "k of n collapsed" above the bar."""
     k = r["collapsed"]
     if pd.isna(k):
-        ax.text(x, ax.get_ylim()[1] * 0.04, "not run yet", rotation=90, ha="center", va="bottom", fontsize=8,
+        ax.text(x, ax.get_ylim()[1] * 0.04, "not run yet", rotation=90, ha="center", va="bottom",
                 color="0.4")
     if not k > 0:
         return
     if pd.isna(r["mean"]):
         ax.plot(x, 0, marker="x", color="crimson", ms=9, mew=2, clip_on=False)
         ax.text(x, ax.get_ylim()[1] * 0.04, "collapse" + (f" ({k:.0f} seeds)" if k > 1 else ""), rotation=90,
-                ha="center", va="bottom", fontsize=8, color="crimson")
+                ha="center", va="bottom", color="crimson")
     else:
-        ax.annotate(f"{k:.0f} of {k + r['count']:.0f}\nseeds\ncollapsed", (x, r["mean"] + r["std"]), ha="center",
-                    va="bottom", fontsize=6.5, color="crimson", xytext=(0, 2), textcoords="offset points")
+        ax.annotate(f"{k:.0f} of {k + r['count']:.0f}\nseeds\ncollapsed", (x, r["mean"] + r["se"]), ha="center",
+                    va="bottom", color="crimson", xytext=(0, 2), textcoords="offset points")
 
 
 def draw(root: Path):
     paper, ours = load(root)
     fig, left, right = c.paper_beside_starts(ours)
     panel(left, paper)
-    left.set_title(f"{c.PAPER}, Qwen2.5-3b: multi-hop avg", fontsize=9)
+    left.set_title(f"{c.PAPER}, Qwen2.5-3b: multi-hop avg")
     left.set_ylabel("EM (x100)")
     left.set_ylim(0, paper["mean"].max() * 1.15)
     for ax, regime, df in right:
@@ -103,11 +104,12 @@ def draw(root: Path):
             c.note(ax, "tg miniature: not run yet\n(see results/mini/README.md)")
             continue
         panel(ax, df)
-        ax.set_title(f"{ours['label'].iloc[0]} miniature,{c.start_title(regime)}:\nmulti-hop EM, mean ± std over "
-                     f"{c.seed_count(df['count'] + df['collapsed'])} seeds", fontsize=9)
-    fig.suptitle("Table 4: advantage ablation (left: paper; right: tg, a different model and world)", fontsize=10)
+        ax.set_title(f"{ours['label'].iloc[0]} miniature,{c.start_title(regime)}:\nmulti-hop EM, mean over "
+                     f"{c.seed_count(df['count'] + df['collapsed'])} seeds")
+    fig.suptitle("Table 4: advantage ablation (left: paper; right: tg, a different model and world); "
+                 + c.ERROR_BARS)
     handles, labels = left.get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncols=4, fontsize=8, bbox_to_anchor=(0.5, -0.06))
+    fig.legend(handles, labels, loc="lower center", ncols=4, bbox_to_anchor=(0.5, -0.06))
     fig.tight_layout()
     return fig
 

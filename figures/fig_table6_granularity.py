@@ -25,10 +25,10 @@ def draw(root: Path):
     fig, ax = c.plt.subplots(figsize=(7, 3.8))
     c.grouped_bars(ax, load(root).T, [c.CHAIN_COLOR, "#fdae6b", c.TREE_COLOR])
     ax.set_ylabel("EM (x100)")
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(loc="upper right")
     ax.set_ylim(0, 62)
     ax.set_title(f"Table 6: where a tree branches, {c.PAPER}, Qwen2.5-3b\n(no tg counterpart: tg trees branch "
-                 "at agent steps only)", fontsize=9.5)
+                 "at agent steps only)")
     fig.tight_layout()
     return fig
 

@@ -198,11 +198,12 @@ def test_table6_and_table2_paper_numbers(paper_only):
 
 # ---- tg's rows: aggregated over seeds at each seed's last step, labelled tg --------------------------
 
-def test_ours_budget_mean_and_std_over_seeds(with_ours):
+def test_ours_budget_mean_and_standard_error_over_seeds(with_ours):
     _, ours = script("fig_table3_budget").load(with_ours)
     tree4 = ours[(ours["budget"] == 4) & (ours["kind"] == "tree") & (ours["hop"] == "multi")].iloc[0]
     assert tree4["mean"] == pytest.approx(13.0) and tree4["std"] == pytest.approx(1.0) and tree4["count"] == 3
-    assert ours["label"].iloc[0] == "tg (cpu, 2025-12-01)"
+    assert tree4["se"] == pytest.approx(1.0 / 3 ** 0.5)
+    assert ours["label"].iloc[0] == "tg (cpu)"
 
 
 def test_ours_ablation_counts_collapsed_seeds(with_ours):
@@ -250,12 +251,28 @@ def test_ours_demo_and_runs(with_ours):
     _, ours = script("fig_table1_qa").load(with_ours)
     row = ours.iloc[0]
     assert (row["model"], row["method"], row["average"], row["mean"]) == ("Qwen2.5-1.5b", "Tree-GRPO", "multi_hop_avg", 15.0)
-    assert len(ours) == 1 and row["label"] == "tg (paper-1.5b, 2025-12-02)"
+    assert len(ours) == 1 and row["label"] == "tg (paper-1.5b)"
 
 
-def test_tg_label_spans_dates():
+def test_tg_label_names_the_preset_and_no_date():
     df = pd.DataFrame({"preset": ["cpu", "cpu"], "date": ["2025-12-02", "2025-12-01"]})
-    assert c.tg_label(df) == "tg (cpu, 2025-12-01..2025-12-02)"
+    assert c.tg_label(df) == "tg (cpu)" and c.span(df, "date") == "2025-12-01..2025-12-02"
+
+
+def test_figures_are_readable_at_notebook_width(with_ours):
+    """No text smaller than the tick labels, no date in any title, and every figure over seeds names its
+    error bars (the standard error, `_common.ERROR_BARS`), never the std."""
+    tick = c.plt.rcParams["xtick.labelsize"]
+    for name in SCRIPTS:
+        if name == "fig_tree_advantages":
+            continue
+        fig = script(name).draw(with_ours)
+        small = {t.get_text() for t in fig.findobj(Text) if t.get_text().strip() and t.get_fontsize() < tick}
+        assert not small, f"{name}: text smaller than the ticks: {sorted(small)[:3]}"
+        drawn = texts(fig)
+        assert "2025-12" not in drawn and "± std" not in drawn and "(band)" not in drawn, name
+        if "seeds" in drawn and name not in ("fig_demo", "fig_mini_theory"):
+            assert "standard error" in drawn, f"{name} draws seeds without naming its error bars"
 
 
 def test_ours_mini_budget_curves_start_at_the_starting_policy(with_ours):
