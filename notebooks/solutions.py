@@ -4,8 +4,11 @@ A notebook's self-check cell starts with `tg.experiments.lesson.exercise(id, *an
 stops that cell with "not answered yet", unless TG_SOLUTIONS=1 (set by the test runner: the
 repository's `conftest.py` and the Makefile); then the blank is filled from here, so CI runs every
 check against a worked answer. A value is the answer (a tuple when the exercise asks for several);
-a callable receives the keyword arguments the notebook passes to `exercise`.
+a callable receives the keyword arguments the notebook passes to `exercise`; a build-it-yourself
+exercise's entry returns the worked function.
 """
+
+import torch
 
 
 def lora_parameters(config, r: int, targets: tuple[str, ...]) -> int:
@@ -17,21 +20,43 @@ def lora_parameters(config, r: int, targets: tuple[str, ...]) -> int:
     return config.num_hidden_layers * r * sum(sum(shapes[t]) for t in targets)
 
 
+def tree_shape(M: int, N: int, L: int) -> tuple[int, int, float]:
+    """02: each of the L rounds adds N leaves to the seed chain's one; M trees per prompt; an expansion costs
+    half a chain in expectation, the seed chain a whole one (Eq. 4 with its factor M)."""
+    return 1 + L * N, M * (1 + L * N), M * (1 + L * N / 2)
+
+
+def tree_advantages(rewards, tree_ids, prompt_ids, eps=1e-6):
+    """03: (R - mean) / (std + eps) within each (prompt, tree) and within each prompt (Eq. 6), summed (Eq. 7).
+    torch.std divides by n - 1; a group whose rewards are all equal gets (about) 0 thanks to eps."""
+    def normalised(keys):
+        out = torch.zeros_like(rewards)
+        for k in set(keys):
+            idx = [i for i, key in enumerate(keys) if key == k]
+            out[idx] = (rewards[idx] - rewards[idx].mean()) / (rewards[idx].std() + eps)
+        return out
+    return normalised(list(zip(prompt_ids.tolist(), tree_ids.tolist()))) + normalised(prompt_ids.tolist())
+
+
+def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip=0.2, beta=0.001):
+    """03: -min(r A, clip(r, 1 - eps, 1 + eps) A) + beta K3 per token, averaged over each row's policy tokens,
+    then over rows (Eq. 8); K3 = exp(ref - logp) - (ref - logp) - 1."""
+    ratio, a = torch.exp(logp - old_logp), advantages[:, None]
+    objective = torch.minimum(ratio * a, ratio.clamp(1 - clip, 1 + clip) * a)
+    d = ref_logp - logp
+    per_token = -objective + beta * (torch.exp(d) - d - 1)
+    return ((per_token * mask).sum(-1) / mask.sum(-1)).mean()
+
+
 SOLUTIONS = {
     # 01: "The city of {g}, in {other}." normalises to [city, of, g, in, other]: 5 words, 1 shared with the
     # one-word gold. P = 1/5, R = 1/1, F1 = 2 (1/5) (1) / (1/5 + 1) = 1/3.
     "01-f1": (1 / 5, 1.0, 1 / 3),
-    # 02: (M, N, L) = (1, 3, 2): a tree has 1 + L N = 7 leaves, a prompt M (1 + L N) = 7 trajectories,
-    # and costs M (1 + L N / 2) = 4 chains.
-    "02-tree-shape": (7, 7, 4.0),
-    # 03: intra, tree 0 [1, 0, 0]: mean 1/3, std sqrt(((2/3)^2 + 2 (1/3)^2) / 2) = sqrt(1/3); tree 1 [1, 1, 0]:
-    # mean 2/3, the same std. Inter, all six: mean 1/2, std sqrt(6 (1/2)^2 / 5) = sqrt(0.3). Total = intra + inter.
-    "03-advantages": (
-        [a / (1 / 3) ** 0.5 for a in (2 / 3, -1 / 3, -1 / 3, 1 / 3, 1 / 3, -2 / 3)],
-        [(r - 0.5) / 0.3 ** 0.5 for r in (1, 0, 0, 1, 1, 0)],
-        [a / (1 / 3) ** 0.5 + (r - 0.5) / 0.3 ** 0.5
-         for a, r in zip((2 / 3, -1 / 3, -1 / 3, 1 / 3, 1 / 3, -2 / 3), (1, 0, 0, 1, 1, 0))],
-    ),
+    # 02: (M, N, L) -> (1 + L N, M (1 + L N), M (1 + L N / 2)); (1, 3, 2) gives 7 leaves, 7 trajectories, 4 chains.
+    "02-tree-shape": lambda: tree_shape,
+    # 03: the two build-it-yourself pieces of Tree-GRPO, Eq. 6-7 and Eq. 8.
+    "03-tree-advantages": lambda: tree_advantages,
+    "03-grpo-loss": lambda: grpo_loss,
     # 04: 2 (1 + N / 2) = 8 gives N = 6; the tree (2, 6, 1) yields 2 (1 + 6) = 14 trajectories per question.
     "04-budget-8": (6, 14),
     # 07: in Table 3 the tree (2, 2, 1) at budget 4 already beats the chain at 16 on multi-hop (36.8 > 33.9).

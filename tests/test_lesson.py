@@ -1,12 +1,15 @@
-"""tg.experiments.lesson: the exercise self-check (blank -> NotAnswered, or the solution under TG_SOLUTIONS=1)
-and set-up."""
+"""tg.experiments.lesson and tg.experiments.exercises: the exercise self-check (blank -> NotAnswered, or the
+solution under TG_SOLUTIONS=1), each exercise's check (the worked answer passes, a typical mistake fails with its
+hint), predictions, and set-up."""
 
 import os
 
 import pytest
+import torch
 
 import tg.experiments.lesson as lesson
-from tg.experiments.lesson import NotAnswered, exercise
+from tg.experiments import exercises
+from tg.experiments.lesson import NotAnswered, NotYet, exercise, is_blank, near, solution, versus
 
 
 @pytest.fixture
@@ -47,7 +50,119 @@ def test_the_repository_runs_notebooks_with_solutions():
 def test_setup_without_policy_gives_the_config_only(capsys):
     lab = lesson.setup("cpu", policy=False, threads=None)
     assert lab.cfg.preset == "cpu" and lab.res is None and lab.model is None
-    assert capsys.readouterr().out.startswith(str(lab.cfg).splitlines()[0])   # the config is printed first
+    out = capsys.readouterr().out
+    assert out.startswith(f"preset 'cpu', config {lab.cfg.hash()}") and "print(lab.cfg)" in out
+    assert len(out.splitlines()) <= 6 and len(str(lab.cfg).splitlines()) > 50   # a summary; the config one call away
     a, b = lab.rollout_kw(), lab.rollout_kw()
     assert a["rng"] is not b["rng"] and a["rng"].random() == b["rng"].random()   # a fresh rng, the same seed
     assert a["node_rule"] == lab.cfg.tree.node_rule and a["sampling"] == lab.sampling
+
+
+def test_setup_prints_six_lines_and_no_loading_bars(capsys):
+    lab = lesson.setup("cpu")
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert len(lines) <= 6 and lines[0].startswith("preset 'cpu'"), captured.out
+    assert "pinned warmup-" in captured.out and "sha256 " in captured.out and "device cpu" in captured.out
+    assert "Loading weights" not in captured.err + captured.out
+    from transformers.utils import logging as hf_logging
+    assert hf_logging.is_progress_bar_enabled()       # silenced while loading only
+    assert lab.engine is not None and lab.model is not None
+
+
+# Every exercise: the blank stops with "not answered yet", the worked answer passes, a typical mistake fails
+# with the hint that names it.
+
+def _blank_function(a, b, c):
+    """The shipped template: a docstring and `...`."""
+    ...
+
+
+def test_a_function_whose_body_is_blank_counts_as_blank(monkeypatch):
+    monkeypatch.delenv(lesson.SOLUTIONS_ENV, raising=False)
+    assert is_blank(...) and is_blank(_blank_function) and is_blank(lambda x: ...)
+    assert not is_blank(0) and not is_blank(lambda x: x) and not is_blank(print)
+    with pytest.raises(NotAnswered, match="not answered yet"):
+        exercise("03-tree-advantages", _blank_function)
+    monkeypatch.setenv(lesson.SOLUTIONS_ENV, "1")
+    assert exercise("03-tree-advantages", _blank_function).__name__ == "tree_advantages"   # the worked function
+
+
+@pytest.mark.parametrize("key", ["01-f1", "02-tree-shape", "03-tree-advantages", "03-grpo-loss"])
+def test_blank_stops_with_not_answered(key, monkeypatch):
+    monkeypatch.delenv(lesson.SOLUTIONS_ENV, raising=False)
+    blanks = (..., ..., ...) if key == "01-f1" else (_blank_function,)
+    with pytest.raises(NotAnswered, match="not answered yet"):
+        exercise(key, *blanks)
+
+
+def test_f1_accepts_a_rounded_answer_and_names_the_normalising():
+    assert "correct" in exercises.check_f1("The city of Paris, in Rome.", "Paris", *solution("01-f1"))
+    assert "correct" in exercises.check_f1("The city of Paris, in Rome.", "Paris", 0.2, 1, 0.333)
+    assert "correct" in exercises.check_f1("The city of Paris, in Rome.", "Paris", 0.2, 1, 0.33)
+    with pytest.raises(NotYet, match="after.*normalising"):
+        exercises.check_f1("The city of Paris, in Rome.", "Paris", 1 / 6, 1, 2 / 7)
+    with pytest.raises(NotYet, match="not their mean"):
+        exercises.check_f1("The city of Paris, in Rome.", "Paris", 0.2, 1, 0.6)
+
+
+def test_tree_shape_solution_passes_and_the_printed_eq4_fails():
+    assert "matches tg" in exercises.check_tree_shape(solution("02-tree-shape"))
+    with pytest.raises(NotYet, match="drops a factor M"):
+        exercises.check_tree_shape(lambda M, N, L: (1 + L * N, M * (1 + L * N), M + L * N / 2))
+    with pytest.raises(NotYet, match="half a chain"):
+        exercises.check_tree_shape(lambda M, N, L: (1 + L * N, M * (1 + L * N), M * (1 + L * N)))
+    with pytest.raises(NotYet, match="1 \\+ L N, not 1 \\+ N"):
+        exercises.check_tree_shape(lambda M, N, L: (1 + N, M * (1 + L * N), M * (1 + L * N / 2)))
+
+
+def _normalised(rewards, keys, unbiased=True, eps=1e-6):
+    out = torch.zeros_like(rewards)
+    for k in set(keys):
+        idx = [i for i, key in enumerate(keys) if key == k]
+        out[idx] = (rewards[idx] - rewards[idx].mean()) / (rewards[idx].std(unbiased=unbiased) + eps)
+    return out
+
+
+def test_tree_advantages_solution_passes_and_typical_mistakes_get_their_hint():
+    assert "matches tg" in exercises.check_tree_advantages(solution("03-tree-advantages"))
+    trees = lambda p, t: list(zip(p.tolist(), t.tolist()))
+    mistakes = {
+        "population std": lambda r, t, p: _normalised(r, trees(p, t), False) + _normalised(r, p.tolist(), False),
+        "intra-tree part alone": lambda r, t, p: _normalised(r, trees(p, t)),
+        "inter-tree part alone": lambda r, t, p: _normalised(r, p.tolist()),
+        "add eps to the std": lambda r, t, p: _normalised(r, trees(p, t), eps=0) + _normalised(r, p.tolist(), eps=0),
+        "by \\(prompt, tree\\)": lambda r, t, p: _normalised(r, t.tolist()) + _normalised(r, p.tolist()),
+    }
+    for hint, wrong in mistakes.items():
+        with pytest.raises(NotYet, match=hint):
+            exercises.check_tree_advantages(wrong)
+
+
+def _loss(logp, old, ref, adv, mask, clip, beta, *, clipped=True, kl_sign=1.0, k3=True, agg="seq", detach=False):
+    ratio, a = torch.exp(logp - old), adv[:, None]
+    objective = torch.minimum(ratio * a, ratio.clamp(1 - clip, 1 + clip) * a) if clipped else ratio * a
+    d = ref - logp
+    kl = torch.exp(d) - d - 1 if k3 else -d
+    per_token = -objective + kl_sign * beta * kl
+    loss = ((per_token * mask).sum(-1) / mask.sum(-1)).mean() if agg == "seq" else \
+        (per_token * mask).sum() / mask.sum()
+    return loss.detach() if detach else loss
+
+
+def test_grpo_loss_solution_passes_and_typical_mistakes_get_their_hint():
+    assert "matches tg" in exercises.check_grpo_loss(solution("03-grpo-loss"))
+    assert "matches tg" in exercises.check_grpo_loss(lambda *a, **k: _loss(*a, **k))     # the test's own version
+    mistakes = {"no clipping": dict(clipped=False), "a penalty": dict(kl_sign=-1.0), "K1 estimator": dict(k3=False),
+                "aggregation": dict(agg="token"), "no gradient|carries no gradient": dict(detach=True)}
+    for hint, how in mistakes.items():
+        with pytest.raises(NotYet, match=hint):
+            exercises.check_grpo_loss(lambda *a, how=how, **k: _loss(*a, **k, **how))
+    with pytest.raises(NotYet, match="the mask"):
+        exercises.check_grpo_loss(lambda lp, o, r, a, m, **k: _loss(lp, o, r, a, torch.ones_like(m), **k))
+
+
+def test_a_prediction_is_compared_with_the_measurement():
+    assert versus(4, 3.0, "cost") == "cost: you guessed 4.00, measured 3.00 (-1.00, 25% off)"
+    assert "no guess written" in versus(..., 3.0, "cost")
+    assert near(0.333, 1 / 3) and near(0.33, 1 / 3) and not near(0.3, 1 / 3)

@@ -6,8 +6,11 @@
 - the first code cell sets up with `tg.experiments.lesson.setup(...)`, which prints the config first; no cell
   branches on the preset;
 - each opens with title, what you will learn, run time and the paper section, has equations in
-  LaTeX, asserts what it shows, and ends with an exercise that ships blank (`...`), checked by
-  `tg.experiments.lesson.exercise` against notebooks/solutions.py;
+  LaTeX, asserts what it shows, and has exercises that ship blank (`...`, or a function whose body is
+  `...` for a build-it-yourself exercise), checked by `tg.experiments.lesson.exercise` against
+  notebooks/solutions.py;
+- the lessons 01-03 open with what you need first and end with takeaways and variations to try, and
+  each prediction (`my_guess_...`) is compared with its measurement by `versus`;
 - headers and the notebooks' README describe the present: no dates, commit ids or working notes;
   links into docs/ point at files (and headings) that exist;
 - a bare `pytest --nbmake` collects all the notebooks.
@@ -61,6 +64,19 @@ def _solutions() -> dict:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.SOLUTIONS
+
+
+def _blank_names(path: Path) -> set[str]:
+    """Names assigned `...`, and functions whose body is only a docstring and `...` (build it yourself)."""
+    tree = _code_tree(path)
+    names = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign)
+             and isinstance(n.value, ast.Constant) and n.value.value is ... for t in n.targets}
+    for f in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+        body = [b for b in f.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)
+                                          and isinstance(b.value.value, str))]
+        if [ast.unparse(b) for b in body] == ["..."]:
+            names.add(f.name)
+    return names
 
 
 def _exercise_calls(path: Path) -> list[ast.Call]:
@@ -123,10 +139,9 @@ def test_exercise_ships_blank_and_has_a_solution(path):
     assert "## exercise" in md, f"{path.name}: no exercise section"
     calls = _exercise_calls(path)
     assert calls, f"{path.name}: no `exercise(...)` self-check"
-    assert "exercise(" in _cells(path)[-1] and "assert" in _cells(path)[-1], \
-        f"{path.name}: the last code cell should check the exercise"
-    blanks = {t.id for n in ast.walk(_code_tree(path)) if isinstance(n, ast.Assign)
-              and isinstance(n.value, ast.Constant) and n.value.value is ... for t in n.targets}
+    assert any("exercise(" in c and ("assert" in c or "check_" in c) for c in _cells(path)), \
+        f"{path.name}: a code cell should check the exercise"
+    blanks = _blank_names(path)
     solutions = _solutions()
     for call in calls:
         key = call.args[0].value
@@ -134,6 +149,31 @@ def test_exercise_ships_blank_and_has_a_solution(path):
         for arg in call.args[1:]:
             assert isinstance(arg, ast.Name) and arg.id in blanks, \
                 f"{path.name}: exercise {key!r}: `{ast.unparse(arg)}` should ship blank (`{ast.unparse(arg)} = ...`)"
+
+
+FIRST_LESSONS = [p for p in NOTEBOOKS if p.name[:2] in ("01", "02", "03")]
+
+
+@pytest.mark.parametrize("path", FIRST_LESSONS, ids=lambda p: p.name)
+def test_a_lesson_says_what_it_needs_and_ends_with_takeaways(path):
+    md = _cells(path, "markdown")
+    assert "**you need first" in md[0].lower(), f"{path.name}: the first cell should say what you need first"
+    assert "## Takeaways" in md[-1] and "## Try next" in md[-1], f"{path.name}: end with Takeaways and Try next"
+    takeaways = md[-1].split("## Takeaways")[1].split("## Try next")[0]
+    assert 3 <= takeaways.count("\n- ") <= 5, f"{path.name}: three to five takeaways"
+    assert 2 <= md[-1].split("## Try next")[1].count("\n- ") <= 3 and "`" in md[-1].split("## Try next")[1]
+
+
+@pytest.mark.parametrize("path", FIRST_LESSONS, ids=lambda p: p.name)
+def test_a_build_it_yourself_exercise_or_a_prediction_is_checked(path):
+    code = "\n".join(_cells(path))
+    guesses = re.findall(r"^(my_guess_\w+) = \.\.\.", code, re.M)
+    for g in guesses:
+        assert re.search(rf"versus\({g}\b", code), f"{path.name}: the prediction {g} is never compared"
+    if path.name[:2] in ("02", "03"):
+        assert guesses, f"{path.name}: predict before the key measurement (`my_guess_... = ...`, then `versus`)"
+        assert any(b.startswith("my_") and b in {f.name for f in ast.walk(_code_tree(path))
+                                                  if isinstance(f, ast.FunctionDef)} for b in _blank_names(path))
 
 
 def test_every_solution_belongs_to_an_exercise():

@@ -46,6 +46,7 @@ with sits in five subpackages.
       confirm.py    the confirmatory experiment's declared protocol and rule (results/mini/confirm.md);
                     confirm_report.py: its verdict sentence and report
       lesson.py     the notebooks' set-up in one call (`setup`) and self-checking exercises (`exercise`)
+                    exercises.py: the build-it-yourself checks, a student's function against tg
     store/          what a run writes
       files.py      result CSVs safe under concurrent writers (`append_csv_rows`) and their `provenance`
       rundir.py     a run directory: one owner at a time, its checkpoint and saved config
