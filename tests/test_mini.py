@@ -2,6 +2,7 @@
 
 import csv
 
+import pandas as pd
 import pytest
 
 from tg.agent.warmup import PINNED_DIR
@@ -284,3 +285,20 @@ def test_starting_policies_are_the_ones_behind_the_committed_results(regime):
         f"{res.policy_path} scores EM {cols['em_single']} / {cols['em_multi']} (single / multi-hop), the committed "
         f"{cell} row {row['em_single']} / {row['em_multi']}")
     assert (cols["n_single"], cols["n_multi"]) == (int(row["n_single"]), int(row["n_multi"]))
+
+
+@pytest.mark.parametrize("grid", ["budget", "sweep", "ablation", "shapes", "branching"])
+def test_each_grid_steps_file_holds_every_run_of_the_grid(grid):
+    """Runs copied from another grid (`reused_from`) have their steps copied too, renamed, equal to the source's."""
+    root = mini.mini_dir()
+    rows = mini.read_grid(root / f"{grid}.csv")
+    steps = mini.read_grid(root / "steps" / f"{grid}.csv")
+    runs = rows[rows["method"] != "start"][["cell", "seed"]].drop_duplicates()
+    counts = steps.groupby(["cell", "seed"]).size()
+    assert all(counts.get((r.cell, r.seed), 0) == 60 for r in runs.itertuples()), grid
+    assert mini.copy_steps(root / f"{grid}.csv") == 0                           # nothing left to copy
+    if grid == "budget":   # the hard start's seed-0 runs were trained by `shapes`
+        shapes = mini.read_grid(root / "steps" / "shapes.csv")
+        a = steps[(steps["cell"] == "multi-hop/hard/tree") & (steps["seed"] == 0)].drop(columns="cell")
+        b = shapes[(shapes["cell"] == "multi-hop/hard/(2,2,1)") & (shapes["seed"] == 0)].drop(columns="cell")
+        pd.testing.assert_frame_equal(a.reset_index(drop=True), b.reset_index(drop=True))

@@ -247,7 +247,31 @@ def reuse_rows(cells: list[Cell], path: Path) -> list[dict]:
                      if (c.name, seed, p) not in done and (key, str(p)) in found]
     if rows:
         append_grid_rows(path, rows)
+    copy_steps(path)
     return rows
+
+
+def copy_steps(path: Path) -> int:
+    """Give every training run whose rows `path` copied from another grid (`reused_from`) its per-step metrics in
+    this grid's steps file too, renamed to this grid's cell, so each grid's steps file holds every run of that
+    grid. The source run is the one of the same config hash and seed in the grid named by `reused_from`.
+    Returns the number of step rows written."""
+    rows = [r for r in grid_rows(path) if r.get("reused_from") and r.get("method") != "start" and r.get("train_s")]
+    if not rows:
+        return 0
+    have = {(c, s) for c, s, _ in done_keys(steps_path(path))}
+    new: list[dict] = []
+    for (cell, seed), r in {(r["cell"], int(r["seed"])): r for r in rows}.items():
+        if (cell, seed) in have:
+            continue
+        source = path.parent / f"{r['reused_from']}.csv"
+        names = {x["cell"] for x in grid_rows(source) if x.get("config_hash") == r["config_hash"]
+                 and int(x["seed"]) == seed and x.get("method") != "start"}
+        steps = [x for x in grid_rows(steps_path(source)) if names and x["cell"] == min(names) and int(x["seed"]) == seed]
+        new += [{**x, "cell": cell} for x in sorted(steps, key=lambda x: int(x["step"]))]
+    if new:
+        append_grid_rows(steps_path(path), new)
+    return len(new)
 
 
 def cell_config(cell: Cell, seed: int, base: Config | None = None) -> Config:
