@@ -154,9 +154,16 @@ def test_rewards_of_every_accepted_kind_train(trainer):
     assert row["reward"] == pytest.approx(float(np.mean(seen))) and tr.checkpoint_path.exists()
 
 
-def test_the_cli_prints_a_plugin_error_as_one_line():
-    from tg.cli import user_error
-    assert user_error(PluginError("MyReward, question 'x': reward nan is not finite"))
+def test_the_cli_prints_a_plugin_error_as_one_line(monkeypatch, capsys):
+    from tg import commands
+    from tg.cli import main
+
+    def fail(cfg: object) -> None:
+        raise PluginError("MyReward, question 'x': the reward is nan, not finite")
+    monkeypatch.setattr(commands, "world", fail)
+    assert main(["world"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "tg: MyReward, question 'x': the reward is nan, not finite (--debug shows the traceback)"]
 
 
 class Scripted:
