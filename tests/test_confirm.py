@@ -149,3 +149,13 @@ def test_the_generated_sentence_and_report():
     assert confirm_report.sentence(rows=rows.iloc[:8]).endswith("(2 of 12 seeds complete; no look yet)")
     assert confirm_report.cost(rows) == "Cost so far (worker hours, from `run_s`; two workers share two cores): " \
                                         "stage 1: 1.3 h over 48 runs."
+
+
+def test_question_files_keep_leading_zeros(tmp_path):
+    """`correct` and `searches` are digit strings: read back as written, not as numbers."""
+    from tg.store.files import append_csv_rows
+    path = tmp_path / "results" / "mini" / "questions" / "confirm.csv"
+    append_csv_rows(path, [{"cell": "multi-hop/hard/tree", "seed": 100, "step": 60, "n_single": 1, "ids": "x",
+                            "correct": "0010", "searches": "0123"}])
+    q = confirm.load_questions(tmp_path)
+    assert (q["correct"][0], q["searches"][0], q["seed"][0]) == ("0010", "0123", 100)

@@ -243,6 +243,9 @@ def bootstrap_interval(questions: pd.DataFrame, seeds: list[int], resamples: int
 
 def load_questions(root: str | Path | None = None) -> pd.DataFrame | None:
     """results/mini/questions/confirm.csv, or None before its first row."""
-    from tg.experiments.mini import mini_dir
+    from tg.experiments.mini import grid_rows, mini_dir
     path = mini_dir(root) / "questions" / f"{GRID}.csv"
-    return pd.read_csv(path, dtype={"correct": str, "searches": str}) if path.exists() else None
+    if not path.exists():
+        return None
+    rows = pd.DataFrame(grid_rows(path))  # strings as written: `correct` and `searches` keep their leading zeros
+    return rows.astype({"seed": int, "step": int, "n_single": int})

@@ -14,9 +14,9 @@ from tg.experiments import confirm
 
 def load(root: str | Path | None = None) -> pd.DataFrame | None:
     """results/mini/confirm.csv, or None before its first row."""
-    from tg.experiments.mini import mini_dir
+    from tg.experiments.mini import mini_dir, read_grid
     path = mini_dir(root) / f"{confirm.GRID}.csv"
-    return pd.read_csv(path) if path.exists() else None
+    return read_grid(path) if path.exists() else None
 
 
 def _signed(x: float) -> str:

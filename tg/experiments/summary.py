@@ -111,6 +111,9 @@ def markdown(header: list[str], rows: list[list[str]]) -> str:
 
 def report(name: str, root: str | Path | None = None) -> str:
     """A markdown table of an experiment's results (what results/mini/README.md quotes)."""
+    if name == "confirm":  # a verdict by its declared rule, not a table of cells
+        from tg.experiments.confirm_report import report as confirm_report
+        return confirm_report(root)
     df = load_rows(name, root)
     if name == "theory":
         worst = df[["intra_err", "dpo_err", "ratio_err"]].max()
