@@ -9,8 +9,9 @@
   LaTeX, asserts what it shows, and has exercises that ship blank (`...`, or a function whose body is
   `...` for a build-it-yourself exercise), checked by `tg.experiments.lesson.exercise` against
   notebooks/solutions.py;
-- the lessons 01-03 open with what you need first and end with takeaways and variations to try, and
-  each prediction (`my_guess_...`) is compared with its measurement by `versus`;
+- every lesson opens with what you need first and closes with takeaways and variations to try (only a
+  "Going further" part of engineering asides may follow them), and each prediction (`my_guess_...`) is
+  compared with its measurement by `versus`;
 - headers and the notebooks' README describe the present: no dates, commit ids or working notes;
   links into docs/ point at files (and headings) that exist;
 - a bare `pytest --nbmake` collects all the notebooks.
@@ -151,20 +152,21 @@ def test_exercise_ships_blank_and_has_a_solution(path):
                 f"{path.name}: exercise {key!r}: `{ast.unparse(arg)}` should ship blank (`{ast.unparse(arg)} = ...`)"
 
 
-FIRST_LESSONS = [p for p in NOTEBOOKS if p.name[:2] in ("01", "02", "03")]
-
-
-@pytest.mark.parametrize("path", FIRST_LESSONS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_a_lesson_says_what_it_needs_and_ends_with_takeaways(path):
     md = _cells(path, "markdown")
     assert "**you need first" in md[0].lower(), f"{path.name}: the first cell should say what you need first"
-    assert "## Takeaways" in md[-1] and "## Try next" in md[-1], f"{path.name}: end with Takeaways and Try next"
-    takeaways = md[-1].split("## Takeaways")[1].split("## Try next")[0]
+    closing = [k for k, cell in enumerate(md) if "## Takeaways" in cell]
+    assert closing and "## Try next" in md[closing[-1]], f"{path.name}: close with Takeaways and Try next"
+    end = md[closing[-1]]
+    assert all(cell.lstrip().startswith("## Going further") for cell in md[closing[-1] + 1:]), \
+        f"{path.name}: only a 'Going further' part may follow the takeaways"
+    takeaways = end.split("## Takeaways")[1].split("## Try next")[0]
     assert 3 <= takeaways.count("\n- ") <= 5, f"{path.name}: three to five takeaways"
-    assert 2 <= md[-1].split("## Try next")[1].count("\n- ") <= 3 and "`" in md[-1].split("## Try next")[1]
+    assert 2 <= end.split("## Try next")[1].count("\n- ") <= 3 and "`" in end.split("## Try next")[1]
 
 
-@pytest.mark.parametrize("path", FIRST_LESSONS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_a_build_it_yourself_exercise_or_a_prediction_is_checked(path):
     code = "\n".join(_cells(path))
     guesses = re.findall(r"^(my_guess_\w+) = \.\.\.", code, re.M)
