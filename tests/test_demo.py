@@ -22,3 +22,21 @@ def test_demo_trains_both_methods_and_writes_rows_figure_and_table(cfg, tmp_path
     table = demo_table(tmp_path / "results" / "demo.csv").splitlines()
     assert len(table) == 5 and table[2].startswith("| start |") and "| 4.0 |" in table[3] and "| 6.0 |" in table[4]
     assert "training and evaluating both:" in capsys.readouterr().out
+
+
+
+def test_a_users_demo_and_training_rows_leave_the_checkout_clean():
+    """`make demo` writes under runs/demo/ and `tg train` (`tg eval`) appends to results/runs.csv (eval.csv): all
+    ignored by git. The committed demo rows and figure are written only with `tg demo --root .`."""
+    import subprocess
+
+    from tg.agent.world import resolve
+    from tg.experiments.demo import outputs
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=resolve("."), capture_output=True, text=True)
+
+    written = [*outputs(), resolve("results") / "runs.csv", resolve("results") / "eval.csv"]
+    assert git("check-ignore", *map(str, written)).stdout.split() == [str(p) for p in written]
+    reference = outputs(resolve("."))
+    assert git("ls-files", "--error-unmatch", str(reference.rows), str(reference.figure)).returncode == 0

@@ -55,7 +55,8 @@ def _rank(rank: int, port: int, jobs: list[dict], out: str) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    from tg.gpu.distributed import RankLostError, start
+    from tg.gpu.distributed import RankLostError
+    from tg.gpu.launch import start
     for job in jobs:
         c = _cfg(job["finetune"], parallel=job.get("parallel", "auto"))
         tr = _trainer(c, job["run_dir"], start(c))
@@ -210,3 +211,108 @@ def test_the_trainer_reports_each_step_to_tensorboard(runs):
     rows = single["full"][1]
     assert [(e.step, e.value) for e in acc.Scalars("train/reward")] == [(r["step"], pytest.approx(r["reward"]))
                                                                        for r in rows]
+
+
+def test_distributed_and_fsdp_import_alone_and_not_each_other():
+    """tg.gpu.fsdp extends tg.gpu.distributed's DDP class; the choice between them is tg.gpu.launch's."""
+    import ast
+    import subprocess
+    import sys
+    alone = [subprocess.Popen([sys.executable, "-c", f"import {m}"], cwd=Path(__file__).parents[1])
+             for m in ("tg.gpu.distributed", "tg.gpu.fsdp", "tg.gpu.launch")]
+    assert [p.wait(timeout=300) for p in alone] == [0, 0, 0]
+    tree = ast.parse((Path(__file__).parents[1] / "tg" / "gpu" / "distributed.py").read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert "tg.gpu.fsdp" not in imported and "tg.gpu.launch" not in imported
+
+
+def test_a_backend_error_becomes_rank_lost_and_others_pass():
+    from tg.gpu.distributed import RankLostError, failures_as_rank_lost
+    gloo = RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer")
+    with pytest.raises(RankLostError, match=r"^rank 0: a collective failed \(\[/pytorch/third_party/gloo.*--resume"):
+        with failures_as_rank_lost(2):
+            raise gloo
+    for world, err in [(1, gloo), (2, RuntimeError("shape mismatch")), (2, ValueError("NCCL"))]:
+        with pytest.raises(type(err)) as got, failures_as_rank_lost(world):
+            raise err
+        assert got.value is err
+
+
+def _rank_fsdp_gather(rank: int, port: int, out: str) -> None:
+    """Two ranks shard a small model with FSDP2; rank 1 dies; rank 0 gathers the weights for a rollout."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    from types import SimpleNamespace
+
+    from tg.gpu.distributed import RankLostError, failures_as_rank_lost
+    from tg.gpu.fsdp import FullyShardedParallel
+    torch.distributed.init_process_group("gloo")
+    par = FullyShardedParallel(2)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    model.model = SimpleNamespace(layers=list(model))                        # the decoder layers, as in Qwen2
+    policy = SimpleNamespace(model=model, reference=None)
+    par.prepare(policy)
+    par.barrier()
+    if rank == 1:
+        os._exit(3)
+    try:
+        with failures_as_rank_lost(2), par.rollout_context(policy):
+            pass
+    except RankLostError as err:
+        Path(out, "gather.err").write_text(str(err))
+    os._exit(0)
+
+
+def _rank_cli(rank: int, port: int, argv: list[str], out: str) -> None:
+    """One rank of `torchrun -m tg ARGV`: its exit status and stderr into OUT/rank-R."""
+    import contextlib
+    import io
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    from tg.cli import main
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(argv)
+    Path(out, f"rank-{rank}").write_text(f"{code}\n{err.getvalue()}")
+
+
+def _spawn(target, *args) -> list[int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [multiprocessing.get_context("spawn").Process(target=target, args=(r, port, *args)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    return [p.exitcode for p in procs]
+
+
+def test_a_rank_lost_while_fsdp_gathers_the_rollout_weights_is_one_clear_error(tmp_path):
+    assert _spawn(_rank_fsdp_gather, str(tmp_path)) == [0, 3]
+    message = (tmp_path / "gather.err").read_text()
+    assert message.startswith("rank 0: a collective failed") and "--resume" in message
+
+
+def test_a_run_directory_refused_on_rank_0_is_reported_by_rank_0_alone(tmp_path):
+    import subprocess
+    import sys
+    run = tmp_path / "run"
+    hold = "import sys; from tg.store.rundir import run_lock\nwith run_lock(sys.argv[1]):\n" \
+           "    print('held', flush=True)\n    sys.stdin.read()\n"
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(run)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, cwd=Path(__file__).parents[1])
+    try:
+        assert holder.stdout.readline() == "held\n"
+        assert _spawn(_rank_cli, ["train", "--method", "tree", "--run-dir", str(run)], str(tmp_path)) == [0, 0]
+    finally:
+        holder.kill()
+        holder.wait()
+    code0, *err0 = (tmp_path / "rank-0").read_text().splitlines()
+    code1, *err1 = (tmp_path / "rank-1").read_text().splitlines()
+    assert code0 == "2" and len(err0) == 1 and f"in use by process {holder.pid}" in err0[0]
+    assert code1 == "1" and err1 == []

@@ -9,8 +9,8 @@
     tg preflight [--preset P] [--method ...] [--schedule S] [--gpus K] [--decode-tps X --train-tps Y] [--no-measure]
     tg plan                                      which Table 1 models fit on 1-8 GPUs, estimated cost
     tg doctor                                    installed versions against the tested matrix
-    tg eval     --policy RUN_DIR|PATH [--out results/eval.csv]
-    tg demo                                      chain GRPO vs Tree-GRPO from the same warmed-up policy
+    tg eval     --policy RUN_DIR|PATH [--out results/eval.csv]   a run directory: under its saved config and --set
+    tg demo     [--root DIR]                     chain GRPO vs Tree-GRPO from the same warmed-up policy (runs/demo/)
     tg data prepare --setting single-hop|multi-hop --out DIR [--source HUB_ID|LOCAL_DIR]
     tg data corpus  --out DIR [--source HUB_ID|wiki-18.jsonl.gz] [--index]   wiki-18 (+ its BM25 index)
     tg retriever serve --corpus corpus.jsonl [--port 8000] [--host H --allow-remote]
@@ -137,6 +137,10 @@ def parser() -> argparse.ArgumentParser:
         "--rebuild", nargs="?", const="", default=None, metavar="DIR",
         help="train the warm-up anew (about 10 min) into DIR (default: the cache, where runs of this config find it) "
              "instead of loading the pinned policy")
+    sub.choices["demo"].add_argument(
+        "--root", default=None, metavar="DIR",
+        help="write DIR/results/demo.csv, DIR/figures/demo_chain_vs_tree.png and DIR/runs/ (default runs/demo, "
+             "ignored by git; --root . appends to the committed reference rows the README's table shows)")
     t = sub.add_parser("train", help="train chain GRPO or Tree-GRPO, evaluate, append rows to results/runs.csv")
     _add_common(t)
     _add_method(t, required=True)
@@ -283,9 +287,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "warmup":
         commands.warmup(cfg, None if args.rebuild is None else Path(args.rebuild) if args.rebuild else True)
         return 0
-    run = {"world": commands.world, "demo": commands.demo}.get(args.command)
-    if run:
-        run(cfg)
+    if args.command == "world":
+        commands.world(cfg)
+    elif args.command == "demo":
+        commands.demo(cfg, args.root)
     elif args.command == "preflight":
         return commands.preflight(cfg, args.decode_tps, args.train_tps, measure=not args.no_measure, gpus=args.gpus)
     elif args.command == "train":

@@ -14,11 +14,12 @@ from tg.agent.finetune import default_device, trainable_policy
 from tg.agent.world import resolve
 from tg.config import Config
 from tg.evaluate import EvalResult, result_row
-from tg.gpu.distributed import Parallel, start
+from tg.gpu.distributed import Parallel
+from tg.gpu.launch import start
 from tg.pipeline import (build_run, default_run_dir, evaluate_model, load_resources, method_name, policy_source,
                          train_and_evaluate, vllm_engine)
 from tg.store.files import append_csv_rows
-from tg.store.rundir import check_run_dir, has_checkpoint, read_checkpoint, run_lock
+from tg.store.rundir import RunDirError, check_run_dir, has_checkpoint, read_checkpoint, run_lock
 
 if TYPE_CHECKING:
     from tg.gpu.preflight import ModelShape
@@ -33,7 +34,8 @@ def train(cfg: Config, run_dir: Path | None, resume: bool, preflight: bool = Tru
     having printed the failing checks, when the pre-flight fails. The run directory is this run's alone
     from the pre-flight on (tg.store.rundir): a run already there is continued only with `resume` (under a
     config that trains the same) and replaced only with `overwrite`. Under torchrun every rank runs it
-    (tg.gpu.distributed): rank 0 alone prints, locks, checks and writes."""
+    (tg.gpu.distributed): rank 0 alone prints, locks, checks and writes; when it refuses the run directory,
+    it raises RunDirError and the other ranks return None without a word."""
     from tg.gpu.preflight import format_report, static_checks
     par = start(cfg)
     checked, shape = preflight and cfg.model.name_or_path != "tiny", None
@@ -45,10 +47,21 @@ def train(cfg: Config, run_dir: Path | None, resume: bool, preflight: bool = Tru
             par.close()
             return None
     run_dir = Path(run_dir or default_run_dir(cfg))
-    with run_lock(run_dir) if par.is_main else contextlib.nullcontext():
+    with contextlib.ExitStack() as held:
+        refused = None
         if par.is_main:
-            check_run_dir(run_dir, cfg, resume, overwrite)
-        par.barrier()  # the other ranks start once rank 0 has checked (and, with --overwrite, cleared) it
+            try:
+                held.enter_context(run_lock(run_dir))
+                check_run_dir(run_dir, cfg, resume, overwrite)
+            except RunDirError as err:
+                refused = err
+        # the other ranks start once rank 0 has checked (and, with --overwrite, cleared) it; a refusal ends every
+        # rank, and rank 0 alone reports it (the others would report a failed collective)
+        if par.gather(refused is not None)[0]:
+            par.close()
+            if refused is not None:
+                raise refused
+            return None
         row = _train_in(cfg, run_dir, resume, shape, par, report_to)
     par.close()  # only after success: after an error the other ranks may be gone, and this process exits
     return row
@@ -183,6 +196,7 @@ def retriever_serve(corpus: str, host: str, port: int, allow_remote: bool = Fals
           ready=lambda line: print(f"{corpus}: {len(retriever.docs):,} documents; {line}", flush=True))
 
 
-def demo(cfg: Config) -> None:
+def demo(cfg: Config, root: str | None = None) -> None:
+    """`make demo`: rows, figure and runs under `root` (default runs/demo/, tg.experiments.demo.outputs)."""
     from tg.experiments.demo import run_demo
-    run_demo(cfg)
+    run_demo(cfg, root)

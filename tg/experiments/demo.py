@@ -1,8 +1,11 @@
 """`make demo`: chain GRPO (group 4) vs Tree-GRPO (M=2, N=2, L=1), the paper's equal-budget pair,
 trained from the same warmed-up policy with the same seed, evaluated on the same test sets.
 
-Prints one greedy transcript of the starting policy, then a comparison table, and writes
-figures/demo_chain_vs_tree.png and rows to results/demo.csv. Whatever it shows is reported as is.
+Prints one greedy transcript of the starting policy, then a comparison table, and writes the figure, the rows
+and both runs under a root directory (`outputs`): by default runs/demo/, which git ignores, so a checkout stays
+clean. The committed reference rows (results/demo.csv, whose newest run the README's demo table shows through
+`tg mini report --readme`) and figures/demo_chain_vs_tree.png change only when asked: `tg demo --root .`.
+Whatever it shows is reported as is.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -26,6 +29,20 @@ from tg.store.files import append_csv_rows
 from tg.trainer import leaf_rewards, sample_batch
 
 PAIR = {"chain GRPO, G=4": dict(M=4, N=0, L=0), "Tree-GRPO (2,2,1)": dict(M=2, N=2, L=1)}
+
+
+class Outputs(NamedTuple):
+    """Where a demo under one root writes: its rows, its figure, and the directory of its two runs."""
+
+    rows: Path
+    figure: Path
+    runs: Path
+
+
+def outputs(root: str | Path | None = None) -> Outputs:
+    """The demo's files under `root`, laid out as in a checkout (results/, figures/, runs/); default runs/demo/."""
+    base = Path(root) if root else resolve("runs") / "demo"
+    return Outputs(base / "results" / "demo.csv", base / "figures" / "demo_chain_vs_tree.png", base / "runs")
 
 
 def _multi_hop_calls(result: EvalResult) -> float:
@@ -112,8 +129,8 @@ def _train_pair(cfg: Config, jobs: list[tuple[str, Config, Path]]) -> dict[str, 
 
 def run_demo(cfg: Config, root: str | Path | None = None) -> dict[str, dict]:
     """Train both methods for cfg.optim.steps steps and compare them; returns the table rows. Runs, rows and the
-    figure go under `root` (default: this checkout): runs/, results/demo.csv, figures/demo_chain_vs_tree.png."""
-    base = Path(root) if root else resolve(".")
+    figure go under `root` (`outputs`; default runs/demo/): runs/, results/demo.csv, figures/demo_chain_vs_tree.png."""
+    out = outputs(root)
     summaries = {}
     res = load_resources(cfg)
     model, tok = load_policy(res.policy_path)
@@ -128,7 +145,7 @@ def run_demo(cfg: Config, root: str | Path | None = None) -> dict[str, dict]:
     jobs = []
     for name, shape in PAIR.items():
         run_cfg = cfg.replace(tree=shape)
-        run_dir = base / "runs" / f"demo-{run_cfg.hash()}"
+        run_dir = out.runs / f"demo-{run_cfg.hash()}"
         if run_dir.exists():  # a finished or interrupted earlier demo: train afresh
             import shutil
             shutil.rmtree(run_dir)
@@ -141,11 +158,11 @@ def run_demo(cfg: Config, root: str | Path | None = None) -> dict[str, dict]:
         summaries[name] = _summary(result, history, seconds)
         rows.append({**result_row(result, run_cfg, method=method_name(run_cfg), model=cfg.model.name_or_path,
                                   seed=cfg.optim.seed, step=run_cfg.optim.steps), **_row_extras(summaries[name])})
-    append_csv_rows(base / "results" / "demo.csv", rows)
+    append_csv_rows(out.rows, rows)
     print("\n" + _table(summaries))
     print(f"\ntraining and evaluating both: {(time.perf_counter() - t0) / 60:.1f} minutes")
-    path = draw_demo(histories, summaries, base / "figures" / "demo_chain_vs_tree.png", cfg)
-    print(f"\nfigure: {path}\n" + json.dumps(summaries, indent=1))
+    path = draw_demo(histories, summaries, out.figure, cfg)
+    print(f"\nrows: {out.rows}\nfigure: {path}\n" + json.dumps(summaries, indent=1))
     return summaries
 
 

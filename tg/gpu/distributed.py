@@ -20,6 +20,8 @@ One K-rank step equals one one-process step over the same global batch:
 6. Files. Rank 0 alone takes the run lock and writes metrics.jsonl and checkpoints; a checkpoint holds every
    rank's RNG state. A rank that fails stops the job (torchrun ends the others); the survivors' failing
    collective becomes `RankLostError`, and what was written before stays.
+
+`tg.gpu.launch.start` joins the job and picks DDP (`DataParallel`, here) or FSDP2 (`tg.gpu.fsdp`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import contextlib
 import datetime
 import os
 import random
+import re
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import numpy as np
@@ -230,16 +233,23 @@ def lost(err: BaseException) -> RankLostError:
                          "above. metrics.jsonl and the last checkpoint are kept: continue with --resume")
 
 
+BACKEND_FAILURE = re.compile(r"third_party/gloo/|\bNCCL\b|ProcessGroup(Gloo|NCCL)")
+"""What the message of a plain RuntimeError raised by a gloo or NCCL collective holds (FSDP2's weight gathers
+raise those, not DistError): gloo's source path, or NCCL's name."""
+
+
 @contextlib.contextmanager
 def failures_as_rank_lost(world: int) -> Iterator[None]:
-    """Within several ranks, a communication error in a block (a DDP all-reduce in a backward) becomes
-    `RankLostError`; other errors pass through."""
+    """Within several ranks, a communication error in a block (a DDP all-reduce in a backward, an FSDP2 gather)
+    becomes `RankLostError`: a DistError, or a RuntimeError whose message is a backend's (`BACKEND_FAILURE`);
+    other errors pass through."""
     try:
         yield
     except RankLostError:
         raise
-    except torch.distributed.DistError as err:
-        if world == 1:
+    except RuntimeError as err:
+        ours = isinstance(err, torch.distributed.DistError) or BACKEND_FAILURE.search(str(err))
+        if world == 1 or not ours:
             raise
         raise lost(err) from err
 
@@ -261,28 +271,3 @@ def with_shards(cfg: Config, world: int) -> Config:
         raise ConfigError(f"optim.rollout_shards={s} is not a multiple of the {world} ranks (WORLD_SIZE): set it to "
                           f"a multiple of {world}")
     return cfg
-
-
-def start(cfg: Config) -> Parallel:
-    """The `Parallel` of this process: under torchrun (WORLD_SIZE > 1) join the process group (NCCL on CUDA,
-    else gloo), pin this rank's GPU (LOCAL_RANK), and pick DDP or FSDP2 (optim.parallel); else one process."""
-    if world_size() == 1:
-        return Parallel(cfg.optim.rollout_shards)
-    cuda = torch.cuda.is_available()
-    if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("nccl" if cuda else "gloo", timeout=TIMEOUT)
-    kind = cfg.optim.parallel
-    if kind == "auto":
-        kind = "fsdp" if cfg.model.finetune == "full" else "ddp"
-    if kind == "fsdp":
-        if cfg.agent.engine == "vllm":
-            raise ConfigError("optim.parallel=fsdp with agent.engine=vllm is not supported (the engine sync would "
-                              "need the sharded weights gathered): use agent.engine=hf or optim.parallel=ddp")
-        if cfg.model.finetune != "full":
-            raise ConfigError(f"optim.parallel=fsdp shards full fine-tuning only (model.finetune is "
-                              f"{cfg.model.finetune!r}): use optim.parallel=ddp or auto")
-        from tg.gpu.fsdp import FullyShardedParallel
-        return FullyShardedParallel(cfg.optim.rollout_shards)
-    return DataParallel(cfg.optim.rollout_shards)

@@ -257,7 +257,7 @@ def longest_row_tokens(cfg: Config) -> int:
 
 
 def sharded(cfg: Config, gpus: int) -> bool:
-    """Whether `gpus` ranks shard the model with FSDP2 (tg.gpu.distributed.start's choice)."""
+    """Whether `gpus` ranks shard the model with FSDP2 (tg.gpu.launch.start's choice)."""
     return gpus > 1 and cfg.model.finetune == "full" and cfg.optim.parallel in ("auto", "fsdp")
 
 

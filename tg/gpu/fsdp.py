@@ -22,7 +22,7 @@ from typing import Any, Iterator
 
 import torch
 
-from tg.gpu.distributed import DataParallel
+from tg.gpu.distributed import DataParallel, collective
 
 
 def decoder_layers(model: Any) -> list[torch.nn.Module]:
@@ -73,7 +73,7 @@ class FullyShardedParallel(DataParallel):
         units = fsdp_units(policy.model)
         for unit in units:
             unit.set_reshard_after_forward(False, recurse=False)
-            unit.unshard()
+            collective(unit.unshard)  # an all-gather: a rank gone is a RankLostError here
         try:
             yield
         finally:
