@@ -2,7 +2,7 @@
 
 Where the paper lives in the code. The algorithm is the top level of the package (the trainer wires it; the
 two files that are Tree-GRPO itself are `tree.py` and `advantage.py`); everything it stands on or is run
-with sits in five subpackages.
+with sits in six subpackages.
 
     tree.py         initialize-then-expand tree sampling (Algorithm 1), node choice rules
     rollout.py      the multi-turn step loop shared by chains, tree seeds and expansions
@@ -51,6 +51,7 @@ with sits in five subpackages.
       files.py      result CSVs safe under concurrent writers (`append_csv_rows`) and their `provenance`
       rundir.py     a run directory: one owner at a time, its checkpoint and saved config
       reporters.py  `--report-to tensorboard`: each step's metrics as TensorBoard scalars
+    integrations/   Tree-GRPO in other trainers: trl.py (a tree rollout_func, a GRPOTrainer with Eq. 7), verl.py
 
 Glossary (paper symbol -> config field -> argument):
 
