@@ -22,6 +22,7 @@ with sits in six subpackages.
     agent/          the agent and its world
       protocol.py   the ReAct search protocol, Step / Trajectory records (token ids as sampled)
       env.py        the Environment and Reward interfaces; the search tool, the default environment
+      contract.py   what a plug-in Environment or Reward must return, checked where it enters (PluginError)
       tasks.py      the tasks a config names (agent.env): environment, reward, questions of each
       calculator.py the worked example of one's own task: generated arithmetic, a calculator tool, its reward
       world.py      the synthetic world (entities, corpus, single- and multi-hop questions), cached on disk
