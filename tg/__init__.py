@@ -37,7 +37,8 @@ with sits in six subpackages.
     gpu/            the paper's scale: arithmetic, checks and several ranks
       estimate.py   memory and wall-time arithmetic of a run (pure); plan.py: `tg plan`
       preflight.py  the pre-flight checks; doctor.py: installed versions against the tested matrix
-      distributed.py  several ranks under torchrun: prompt shards, DDP, gathered metrics; fsdp.py: FSDP2
+      distributed.py  several ranks under torchrun: prompt shards, DDP, gathered metrics; fsdp.py: FSDP2;
+                    launch.py: a torchrun rank's choice of one process, DDP or FSDP2 (`start`)
     experiments/    what is run with the algorithm and read back
       demo.py       `make demo`: chain GRPO vs Tree-GRPO at equal budget; plots.py: its curves, trees drawn
       mini.py       the paper's claims in miniature: named experiment grids (`tg mini`); summary.py reads them

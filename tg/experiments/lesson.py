@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dis
 import importlib.util
+import logging
 import math
 import os
 import random
@@ -131,6 +132,9 @@ def setup(preset: str | None = None, *, policy: bool = True, threads: int | None
     cfg = load_config(preset)
     if threads:
         torch.set_num_threads(threads)
+    # bitsandbytes logs, on CPUs with AVX512-BF16, that an optional faster 4-bit kernel package ("kernels") is
+    # absent; QLoRA runs without it on its own CPU path, so the notice is not shown in the lessons
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     if not policy:
         if verbose:
             print(summary(cfg))
