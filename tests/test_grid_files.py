@@ -173,3 +173,13 @@ def test_the_committed_grid_files_pass_the_checks(caplog):
             lines = [x for x in path.read_text().splitlines()[1:] if x]
             assert len(mini.grid_rows(path)) == len(lines), path
     assert not caplog.text
+
+
+@pytest.mark.parametrize("workers", ["0", "-1"])
+def test_tg_mini_run_refuses_a_worker_count_in_one_line(workers, tmp_path, capsys):
+    from tg.cli import main
+    assert main(["mini", "run", "theory", "--workers", workers, "--root", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip().splitlines() == [
+        f"tg: --workers {workers}: a grid runs with at least 1 worker process (default 2) (--debug shows the traceback)"]
+    assert not (tmp_path / "results").exists()

@@ -124,7 +124,9 @@ def test_preflight_passes_for_the_cpu_preset(capsys):
 @pytest.mark.parametrize("gpus", ["0", "-4", "1000000"])
 def test_preflight_refuses_a_gpu_count_it_cannot_describe(gpus, capsys):
     assert main(["preflight", "--preset", "cpu", "--no-measure", "--gpus", gpus]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    out, err = capsys.readouterr()
+    assert out == ""                                    # refused before the config is printed
+    err = err.strip().splitlines()
     assert err == [f"tg: --gpus {gpus} is not a GPU count the estimates describe: give 1 to {preflight.MAX_GPUS} "
                    "(the ranks of one torchrun job) (--debug shows the traceback)"]
     assert main(["preflight", "--preset", "cpu", "--no-measure", "--gpus", "2"]) == 0

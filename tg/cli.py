@@ -261,6 +261,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0 if all(c.identical == c.matched for c in found) else 1
     if args.command == "mini":
         from tg.experiments import claims, mini, report, summary
+        if args.action == "run":
+            mini.check_workers(args.workers)  # bad input first, before the grid's listing
         print(mini.describe(args.experiment), flush=True)
         if args.action == "run":
             if not args.experiment:
@@ -279,6 +281,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         elif args.action == "report":
             print(f"\n{report.full_report(args.root)}")
         return 0
+    if args.command == "preflight":
+        from tg.gpu.preflight import check_gpus
+        check_gpus(args.gpus)  # bad input first, before the config is printed
     cfg = _config(args)
     if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 prints
         print(cfg, flush=True)

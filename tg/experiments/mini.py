@@ -468,13 +468,18 @@ def run_lock(root: Path, name: str) -> Path:
     return root / "runs" / "mini" / f"{name}.lock"
 
 
+def check_workers(workers: int) -> None:
+    """ConfigError unless `workers` is a usable process count (at least 1)."""
+    if workers < 1:
+        raise ConfigError(f"--workers {workers}: a grid runs with at least 1 worker process (default 2)")
+
+
 def run_experiment(name: str, workers: int = 2, root: str | Path | None = None,
                    cells: list[Cell] | None = None) -> Path:
     """Run every missing (cell, seed, point) of experiment `name`; rows go to <root>/results/mini/<name>.csv. One run
     of a grid under a root at a time: a second is refused at once (`run_lock`), so no row is made twice."""
     from tg.agent.world import resolve
-    if workers < 1:
-        raise ConfigError(f"--workers {workers}: a grid runs with at least 1 worker process (default 2)")
+    check_workers(workers)
     cells = select_cells(name) if cells is None else cells
     root = Path(root) if root else resolve(".")
     path = mini_dir(root) / f"{name}.csv"

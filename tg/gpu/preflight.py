@@ -309,12 +309,17 @@ def check_longest_sample(model: Any, cfg: Config, vocab: int) -> tuple[Check, Th
     return Check("longest", "ok", f"{rows} x {tokens} tokens: forward + backward fit{peak}"), tp
 
 
-def run_preflight(cfg: Config, given: Throughput | None = None, measure: bool = True, gpus: int = 1) -> list[Check]:
-    """All checks for `gpus` ranks; on a GPU (and `measure`) the starting policy is loaded and the longest sample run.
-    Raises ConfigError for a GPU count outside 1 to MAX_GPUS."""
+def check_gpus(gpus: int) -> None:
+    """ConfigError for a GPU count outside 1 to MAX_GPUS."""
     if not 1 <= gpus <= MAX_GPUS:
         raise ConfigError(f"--gpus {gpus} is not a GPU count the estimates describe: give 1 to {MAX_GPUS} (the ranks "
                           "of one torchrun job)")
+
+
+def run_preflight(cfg: Config, given: Throughput | None = None, measure: bool = True, gpus: int = 1) -> list[Check]:
+    """All checks for `gpus` ranks; on a GPU (and `measure`) the starting policy is loaded and the longest sample run.
+    Raises ConfigError for a GPU count outside 1 to MAX_GPUS."""
+    check_gpus(gpus)
     checks, shape = static_checks(cfg, gpus)
     tp = given
     can_measure = measure and given is None and shape is not None and gpu_bytes() is not None
