@@ -89,5 +89,6 @@ def cost(rows: pd.DataFrame) -> str:
     own = rows[rows.get("reused_from", pd.Series(index=rows.index, dtype=object)).isna()]
     hours = own.groupby("stage")["run_s"].sum() / 3600
     runs = own[own["method"] != "start"].groupby("stage").apply(lambda g: g[["cell", "seed"]].drop_duplicates().shape[0])
-    return "Cost so far (worker hours, from `run_s`; two workers share two cores): " + "; ".join(
+    return ("Cost so far (worker hours, from `run_s`; two workers share two cores, and the hours include any time the "
+            "runs shared them with other jobs): ") + "; ".join(
         f"stage {s}: {hours[s]:.1f} h over {int(runs.get(s, 0))} runs" for s in hours.index) + "."
