@@ -77,8 +77,9 @@ def confirm_line(root: str | Path | None = None) -> str:
     from tg.experiments.confirm import secondary_results
     from tg.experiments.confirm_report import load, sentence
     rows = load(root)
-    held = [s for s in secondary_results(rows) if s.verdict == "holds"] if rows is not None else []
-    tested = rows is not None and any(s.test for s in secondary_results(rows))
+    secondaries = secondary_results(rows) if rows is not None else []
+    held = [s for s in secondaries if s.verdict == "holds"]
+    tested = any(s.test for s in secondaries)
     second = (f"{len(held)} of 6 secondaries hold" + (f" ({', '.join(s.name for s in held)})" if held else "")
               if tested else "secondaries tested only once it holds")
     return (f"Claim 2 on fresh seeds, declared before its first row ([results/mini/confirm.md](results/mini/confirm.md)):"
