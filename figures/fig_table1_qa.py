@@ -53,7 +53,7 @@ def draw(root: Path):
         rows = paper[paper["model"] == model].set_index("method").loc[methods]
         for k, (avg, cols) in enumerate(AVERAGES.items()):
             hop = avg.split("_")[0]
-            bars = ax.bar(x + (k - 0.5) * w, rows[avg], w, color=("#9ecae1", "#3182bd")[k],
+            ax.bar(x + (k - 0.5) * w, rows[avg], w, color=("#9ecae1", "#3182bd")[k],
                           label=f"{PAPER_LABEL}: {hop}-hop avg")  # values: the table, one call away
             misprint = (rows[list(cols)].mean(axis=1) - rows[avg]).abs() > 0.15
             for i in np.flatnonzero(misprint.to_numpy()):

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from tg.experiments import confirm, mini
+from tg.experiments import confirm, measure
 from tg.experiments.verdict import one_sided_test, two_look_levels
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,12 +110,12 @@ def test_question_outcomes_round_trip():
     from tg.agent.data import Question
     result = SimpleNamespace(scores=[1.0, 0.0, 1.0], tool_calls=[0, 2, 3], sources=["nq", "hotpotqa", "musique"])
     qs = [Question(str(i), "q", ("a",), s) for i, s in enumerate(result.sources)]
-    row = mini.question_outcomes(result, qs)
+    row = measure.question_outcomes(result, qs)
     assert (row["n_single"], row["correct"], row["searches"]) == (1, "101", "023")
-    assert mini.outcome_vector(row, "multi").tolist() == [0, 1] and mini.outcome_vector(row, "single").tolist() == [1]
-    assert mini.outcome_vector(row, "multi", "searches").tolist() == [2, 3]
+    assert measure.outcome_vector(row, "multi").tolist() == [0, 1] and measure.outcome_vector(row, "single").tolist() == [1]
+    assert measure.outcome_vector(row, "multi", "searches").tolist() == [2, 3]
     with pytest.raises(ValueError, match="0/1 scores"):
-        mini.question_outcomes(SimpleNamespace(scores=[0.5], tool_calls=[0], sources=["nq"]), qs[:1])
+        measure.question_outcomes(SimpleNamespace(scores=[0.5], tool_calls=[0], sources=["nq"]), qs[:1])
 
 
 def test_committed_rows_follow_the_protocol():
@@ -158,3 +158,25 @@ def test_question_files_keep_leading_zeros(tmp_path):
                             "correct": "0010", "searches": "0123"}])
     q = confirm.load_questions(tmp_path)
     assert (q["correct"][0], q["searches"][0], q["seed"][0]) == ("0010", "0123", 100)
+
+
+def test_one_run_goes_on_while_the_rule_adds_cells(tmp_path, monkeypatch, capsys):
+    """`tg mini run confirm` runs each stage the rule opens after a look in the same call, and stops when a stage adds
+    nothing or a job fails (no endless retry). Theory cells (seconds) stand in for the training cells; the stand-in
+    rule opens stage 2 once stage 1's rows are in."""
+    from tg.experiments import runner
+    from tg.experiments.mini import Cell
+    one = Cell("toy-1", "theory", seeds=(0, 1), labels={"stage": "1"})
+    two = Cell("toy-2", "theory", seeds=(0,), labels={"stage": "2"})
+    monkeypatch.setattr(confirm, "primary_verdict", lambda rows: "stand-in")
+    monkeypatch.setattr(confirm, "active_cells", lambda cells, rows: [one] if rows is None else [one, two])
+    path = runner.run_experiment("confirm", workers=1, root=tmp_path, cells=[one, two])
+    assert sorted(zip(pd.read_csv(path)["cell"], pd.read_csv(path)["seed"])) == [("toy-1", 0), ("toy-1", 1), ("toy-2", 0)]
+    out = capsys.readouterr().out
+    assert out.count("stages run now") == 3 and "stages run now: 1, 2" in out  # stage 1, stage 2, nothing left
+
+    three = Cell("toy-3", "theory", seeds=(0,), labels={"stage": "2"})
+    monkeypatch.setattr(confirm, "active_cells", lambda cells, rows: [three])
+    monkeypatch.setattr(runner, "_run_jobs", lambda *args: 1)  # one job failed, its row not written
+    runner.run_experiment("confirm", workers=2, root=tmp_path, cells=[three])
+    assert capsys.readouterr().out.count("stages run now") == 1

@@ -13,7 +13,7 @@ import pytest
 
 from tg.agent.world import REPO_ROOT
 from tg.config import ConfigError
-from tg.experiments import mini, rerun, summary
+from tg.experiments import mini, rerun, runner, summary
 from tg.store.files import append_csv_rows
 
 
@@ -23,7 +23,7 @@ def _rows(path):
 
 def _theory(root):
     """The theory grid run under `root`: its CSV, 20 rows."""
-    path = mini.run_experiment("theory", workers=1, root=root)
+    path = runner.run_experiment("theory", workers=1, root=root)
     assert len(_rows(path)) == 20
     return path
 
@@ -32,7 +32,7 @@ def test_a_second_run_of_a_grid_is_refused_while_the_first_runs(tmp_path, monkey
     """Two runs of one grid at once would make every row twice; the second is refused at once, naming the first's
     pid and the lock file, and the first writes each row once."""
     started, release = threading.Event(), threading.Event()
-    real = mini.run_job
+    real = runner.run_job
 
     def held(job, root):  # the first run's jobs wait until the second has been tried
         if threading.current_thread() is not threading.main_thread():
@@ -40,21 +40,21 @@ def test_a_second_run_of_a_grid_is_refused_while_the_first_runs(tmp_path, monkey
             release.wait(120)
         yield from real(job, root)
 
-    monkeypatch.setattr(mini, "run_job", held)
-    first = threading.Thread(target=mini.run_experiment, args=("theory",), kwargs=dict(workers=1, root=tmp_path))
+    monkeypatch.setattr(runner, "run_job", held)
+    first = threading.Thread(target=runner.run_experiment, args=("theory",), kwargs=dict(workers=1, root=tmp_path))
     first.start()
     try:
         assert started.wait(120)
         lock = tmp_path / "runs" / "mini" / "theory.lock"
         with pytest.raises(ConfigError, match=rf"`tg mini run theory` .* already running \(pid {os.getpid()}, "
                                               rf"holding {lock}\)"):
-            mini.run_experiment("theory", workers=1, root=tmp_path)
+            runner.run_experiment("theory", workers=1, root=tmp_path)
     finally:
         release.set()
         first.join()
     rows = _rows(mini.mini_dir(tmp_path) / "theory.csv")
     assert len(rows) == len({(r["cell"], r["seed"], r["step"]) for r in rows}) == 20
-    mini.run_experiment("theory", workers=1, root=tmp_path)  # the first has ended: the lock is free
+    runner.run_experiment("theory", workers=1, root=tmp_path)  # the first has ended: the lock is free
 
 
 def test_the_lock_of_a_killed_run_is_freed_by_the_kernel(tmp_path):
@@ -65,7 +65,7 @@ def test_the_lock_of_a_killed_run_is_freed_by_the_kernel(tmp_path):
     try:
         assert holder.stdout.readline() == "held\n"
         with pytest.raises(ConfigError, match=rf"pid {holder.pid}, holding {lock}"):
-            mini.run_experiment("theory", workers=1, root=tmp_path)
+            runner.run_experiment("theory", workers=1, root=tmp_path)
     finally:
         holder.kill()
         holder.wait()
@@ -77,7 +77,7 @@ def test_the_lock_of_a_killed_run_is_freed_by_the_kernel(tmp_path):
 def test_workers_below_one_are_refused(tmp_path, capsys):
     from tg.cli import main
     with pytest.raises(ConfigError, match="--workers -1: .* at least 1"):
-        mini.run_experiment("theory", workers=-1, root=tmp_path)
+        runner.run_experiment("theory", workers=-1, root=tmp_path)
     assert main(["mini", "run", "theory", "--workers", "0", "--root", str(tmp_path)]) == 2
     assert "tg: --workers 0:" in capsys.readouterr().err
     assert not (mini.mini_dir(tmp_path) / "theory.csv").exists()
@@ -96,7 +96,7 @@ def test_a_torn_last_row_is_not_done_and_is_made_again(tmp_path, cut, caplog):
     assert f"{path}, line 21: last row" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        mini.run_experiment("theory", workers=1, root=tmp_path)
+        runner.run_experiment("theory", workers=1, root=tmp_path)
     assert caplog.text.count("last row") == 1  # dropped once, at the start of the run
     rows = _rows(path)
     assert len(rows) == 20 and rows[-1]["seed"] == "19" and all(None not in r.values() for r in rows)
@@ -118,7 +118,7 @@ def test_a_bad_row_before_the_last_is_refused_naming_the_file_and_line(tmp_path)
     lines = original[:4] + [original[4][:30] + "\n"] + original[5:]  # seed 3's row cut short
     path.write_text("".join(lines))
     for read in (lambda: mini.done_keys(path), lambda: summary.load_rows("theory", tmp_path),
-                 lambda: mini.run_experiment("theory", workers=1, root=tmp_path)):
+                 lambda: runner.run_experiment("theory", workers=1, root=tmp_path)):
         with pytest.raises(ConfigError, match=rf"{path}, line 5: has \d+ fields, the header \d+; repair or delete"):
             read()
     path.write_text("".join(original[:4] + [original[4].replace("toy-tree,3,", "toy-tree,x,", 1)] + original[5:]))
@@ -135,7 +135,7 @@ def test_a_row_written_twice_is_refused_by_every_reader(tmp_path):
     readers = {"done_keys": lambda: mini.done_keys(path), "load_rows": lambda: summary.load_rows("theory", tmp_path / "b"),
                "report": lambda: summary.report("theory", tmp_path / "b"),
                "compare": lambda: rerun.compare_grid("theory", tmp_path / "b", tmp_path / "a"),
-               "run": lambda: mini.run_experiment("theory", workers=1, root=tmp_path / "b")}
+               "run": lambda: runner.run_experiment("theory", workers=1, root=tmp_path / "b")}
     for name, read in readers.items():
         with pytest.raises(ConfigError, match=rf"{path}, lines 4 and 22: two rows of cell, seed, step = toy-tree, 2, 0"):
             read()
@@ -156,7 +156,7 @@ def test_a_wrong_header_is_refused_by_every_reader(tmp_path):
     path.write_text(path.read_text().replace("cell,", "cells,", 1))
     for read in (lambda: mini.done_keys(path), lambda: summary.load_rows("theory", tmp_path / "b"),
                  lambda: rerun.compare_grid("theory", tmp_path / "b", tmp_path / "a"),
-                 lambda: mini.run_experiment("theory", workers=1, root=tmp_path / "b")):
+                 lambda: runner.run_experiment("theory", workers=1, root=tmp_path / "b")):
         with pytest.raises(ConfigError, match=rf"{path}: the header has no 'cell' column \(it has cells, seed, .*\); "
                                               "a row is keyed by cell, seed, step: restore the header"):
             read()

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tg.experiments import mini
+from tg.experiments import measure, mini
 from tg.pipeline import build_run, evaluate_model, train_and_evaluate
 
 STEPS, MARGIN = 30, 5.0
@@ -21,10 +21,10 @@ def test_chain_grpo_lifts_multi_hop_em_from_the_pinned_hard_start(cfg, tmp_path)
         tree=dict(M=4, N=0, L=0), optim=dict(steps=STEPS, checkpoint_every=STEPS))
     run = build_run(hard, tmp_path)
     assert Path(run.resources.policy_path).parent.name == "policies"   # the pinned start, not a warm-up
-    start = mini._eval_columns(evaluate_model(run.trainer.policy.model, run.tokenizer, run.resources, hard,
+    start = measure.eval_columns(evaluate_model(run.trainer.policy.model, run.tokenizer, run.resources, hard,
                                               progress=False))
     [(step, metrics, result)] = list(train_and_evaluate(run, hard, (STEPS,), resume=False, progress=False))
-    end = mini._eval_columns(result)
+    end = measure.eval_columns(result)
     rewards = [m["reward"] for m in metrics]
     assert step == STEPS and len(rewards) == STEPS and np.isfinite(rewards).all()
     assert end["n_multi"] == start["n_multi"] == 300

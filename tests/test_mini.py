@@ -8,7 +8,7 @@ import pytest
 from tg.agent.warmup import PINNED_DIR
 from tg.budget import matched_chain_group
 from tg.config import ConfigError
-from tg.experiments import mini, summary
+from tg.experiments import measure, mini, runner, summary
 from tg.store.files import append_csv_rows
 
 
@@ -17,7 +17,7 @@ def _rows(path):
 
 
 def test_theory_rows_check_proposition_3_1_exactly(tmp_path):
-    path = mini.run_experiment("theory", workers=1, root=tmp_path)
+    path = runner.run_experiment("theory", workers=1, root=tmp_path)
     rows = _rows(path)
     assert len(rows) == 20 and {r["seed"] for r in rows} == {str(s) for s in range(20)}
     for r in rows:
@@ -32,7 +32,7 @@ def test_training_cell_writes_one_row_per_point_and_resumes(tmp_path):
              "eval.n_single=3", "eval.n_multi=3", "agent.max_step_tokens=40")
     cell = mini.Cell("multi-hop/moderate/tree", "train", small + mini.TREE221, seeds=(0,), points=(1, 2),
                      labels=dict(method="tree"))
-    path = mini.run_experiment("smoke", workers=1, root=tmp_path, cells=[cell])
+    path = runner.run_experiment("smoke", workers=1, root=tmp_path, cells=[cell])
     rows = _rows(path)
     assert [(r["cell"], r["seed"], r["step"]) for r in rows] == [(cell.name, "0", "1"), (cell.name, "0", "2")]
     r = rows[-1]
@@ -42,7 +42,7 @@ def test_training_cell_writes_one_row_per_point_and_resumes(tmp_path):
     # the worker's wall time of each row's segment: its steps, checkpoint write and evaluation (more than the steps)
     assert all(float(x["run_s"]) > float(x["train_s"]) - float(y.get("train_s") or 0)
                for x, y in zip(rows, [{}] + rows))
-    assert len(r["config_hash"]) == 12 and r["git_sha"] and r["date"] and mini.EARLIER_KEY not in r
+    assert len(r["config_hash"]) == 12 and r["git_sha"] and r["date"] and measure.EARLIER_KEY not in r
     steps = _rows(mini.steps_path(path))                          # each step's training metrics, at full precision
     assert [(r["cell"], r["seed"], r["step"]) for r in steps] == [(cell.name, "0", "1"), (cell.name, "0", "2")]
     assert float(steps[0]["grad_norm"]) > 0 and repr(float(steps[0]["reward"])) == steps[0]["reward"]
@@ -52,7 +52,7 @@ def test_training_cell_writes_one_row_per_point_and_resumes(tmp_path):
     assert r["machine"] == open(tmp_path / "runs" / "mini" / "smoke" / "multi-hop_moderate_tree-s0" / "machine.txt").read().strip()
     before = path.read_text(), mini.steps_path(path).read_text()
     assert mini.pending_jobs("smoke", [cell], path) == []
-    mini.run_experiment("smoke", workers=1, root=tmp_path, cells=[cell])
+    runner.run_experiment("smoke", workers=1, root=tmp_path, cells=[cell])
     assert (path.read_text(), mini.steps_path(path).read_text()) == before
     _check_rerun(path, cell, tmp_path)
     _check_rerun_of_a_copy(path, cell, tmp_path)
@@ -64,15 +64,15 @@ def test_a_run_resumed_after_an_interruption_counts_its_earlier_steps_in_run_s(t
     small = ("optim.prompts_per_step=2", "optim.mini_batch_prompts=2", "optim.micro_batch_rows=8",
              "eval.n_single=3", "eval.n_multi=3", "agent.max_step_tokens=40", "optim.checkpoint_every=1")
     first = mini.Cell("multi-hop/moderate/chain", "train", small + mini.CHAIN4, seeds=(0,), points=(1,))
-    mini.run_experiment("interrupted", workers=1, root=tmp_path, cells=[first])   # stops after step 1's checkpoint
+    runner.run_experiment("interrupted", workers=1, root=tmp_path, cells=[first])   # stops after step 1's checkpoint
     (tmp_path / "results" / "mini" / "interrupted.csv").unlink()
     again = mini.Cell(first.name, "train", first.overrides, seeds=(0,), points=(2,))
-    path = mini.run_experiment("interrupted", workers=1, root=tmp_path, cells=[again])
+    path = runner.run_experiment("interrupted", workers=1, root=tmp_path, cells=[again])
     [row] = _rows(path)
     steps = _rows(mini.steps_path(path))
     assert [s["step"] for s in steps if s["cell"] == first.name][-2:] == ["1", "2"]
     assert float(row["run_s"]) > float(row["train_s"]) > 0  # steps 1 and 2, though this attempt trained step 2 only
-    assert mini.EARLIER_KEY not in row                       # counted in run_s, not a column of its own
+    assert measure.EARLIER_KEY not in row                       # counted in run_s, not a column of its own
 
 
 def _check_rerun(path, cell, tmp_path):
@@ -153,7 +153,7 @@ def test_declared_grids_and_regimes():
 
 def test_unknown_experiment_names_the_choices(tmp_path):
     with pytest.raises(ConfigError, match="budget"):
-        mini.run_experiment("nope", root=tmp_path)
+        runner.run_experiment("nope", root=tmp_path)
 
 
 def test_select_cells_runs_a_grid_in_pieces_and_names_bad_cells():
@@ -280,7 +280,7 @@ def test_starting_policies_are_the_ones_behind_the_committed_results(regime):
     res = load_resources(cfg)
     assert Path(res.policy_path).parent == PINNED_DIR
     model, tok = load_policy(res.policy_path)
-    cols = mini._eval_columns(evaluate_model(model, tok, res, cfg, progress=False))
+    cols = measure.eval_columns(evaluate_model(model, tok, res, cfg, progress=False))
     assert (cols["em_single"], cols["em_multi"]) == (float(row["em_single"]), float(row["em_multi"])), (
         f"{res.policy_path} scores EM {cols['em_single']} / {cols['em_multi']} (single / multi-hop), the committed "
         f"{cell} row {row['em_single']} / {row['em_multi']}")

@@ -5,7 +5,7 @@ are too; this is what keeps a refactor of the rollout or the update honest. On a
 the first rollout, sampled from the same pinned weights, still gives the committed token counts and rewards
 (a sampled token flips only when a draw falls within float noise of a boundary), and the first update's
 metrics agree to float precision. The caller's torch thread count does not matter: the rerun trains with the
-grid's (`tg.experiments.mini.GRID_THREADS`), and the test calls it from a process set to another count."""
+grid's (`tg.experiments.runner.GRID_THREADS`), and the test calls it from a process set to another count."""
 
 import csv
 
@@ -15,7 +15,7 @@ import torch
 from tg.agent.warmup import machine
 from tg.agent.world import REPO_ROOT
 from tg.experiments import rerun
-from tg.experiments.mini import GRID_THREADS
+from tg.experiments.runner import GRID_THREADS
 
 GRID = REPO_ROOT / "results" / "mini" / "budget.csv"
 CELL, SEED, STEPS = "multi-hop/moderate/tree", 0, 2

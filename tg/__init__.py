@@ -41,7 +41,8 @@ with sits in six subpackages.
                     launch.py: a torchrun rank's choice of one process, DDP or FSDP2 (`start`)
     experiments/    what is run with the algorithm and read back
       demo.py       `make demo`: chain GRPO vs Tree-GRPO at equal budget; plots.py: its curves, trees drawn
-      mini.py       the paper's claims in miniature: named experiment grids (`tg mini`); summary.py reads them
+      mini.py       the paper's claims in miniature: named experiment grids (`tg mini`) and their files;
+                    runner.py runs a grid's missing rows, measure.py says what a row holds, summary.py reads them
       rerun.py      `tg mini rerun`: retrain one committed row, step by step beside the committed metrics
       claims.py     the claims table: the declared comparisons and their verdicts; report.py writes it
       verdict.py    paired and one-sided t-tests, Holm's correction, two-look levels, the verdict rule (scipy)

@@ -260,9 +260,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         print("\n".join(rerun.describe_comparison(c) for c in found))
         return 0 if all(c.identical == c.matched for c in found) else 1
     if args.command == "mini":
-        from tg.experiments import claims, mini, report, summary
+        from tg.experiments import claims, mini, report, runner, summary
         if args.action == "run":
-            mini.check_workers(args.workers)  # bad input first, before the grid's listing
+            runner.check_workers(args.workers)  # bad input first, before the grid's listing
         print(mini.describe(args.experiment), flush=True)
         if args.action == "run":
             if not args.experiment:
@@ -271,7 +271,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                 raise ConfigError("tg mini run all runs every cell of every grid: name one grid with --cell")
             for name in mini.experiments() if args.experiment == "all" else [args.experiment]:
                 cells = mini.select_cells(name, args.cell)
-                mini.run_experiment(name, workers=args.workers, root=args.root, cells=cells)
+                runner.run_experiment(name, workers=args.workers, root=args.root, cells=cells)
         if args.action == "report" and args.readme:
             for path in report.write_readmes(args.root):
                 print(f"rewrote the generated block of {path}")

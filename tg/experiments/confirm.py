@@ -223,7 +223,7 @@ def bootstrap_interval(questions: pd.DataFrame, seeds: list[int], resamples: int
     """A robustness check beside the declared test (not the verdict): the 95% percentile interval of the
     primary's mean difference when both seeds and test questions are resampled with replacement (two levels:
     scipy.stats.bootstrap resamples one). `questions`: the grid's question-level file."""
-    from tg.experiments.mini import outcome_vector
+    from tg.experiments.measure import outcome_vector
     at = questions[questions["step"] == STEP].set_index(["cell", "seed"])
     per_seed = []
     for s in seeds:

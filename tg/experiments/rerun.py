@@ -23,7 +23,8 @@ from typing import Callable
 
 from tg.agent.data import DataError
 from tg.config import ConfigError
-from tg.experiments.mini import GRID_THREADS, Cell, cell_config, experiments, grid_rows, mini_dir, steps_path
+from tg.experiments.mini import Cell, cell_config, experiments, grid_rows, mini_dir, steps_path
+from tg.experiments.runner import GRID_THREADS
 from tg.trainer import METRICS, TIMERS
 
 COMPARED_STEP = tuple(k for k in METRICS if k not in TIMERS and k != "step")
@@ -105,7 +106,7 @@ def rerun(path: Path, cell_name: str, seed: int, steps: int | None = None, run_d
           out: Callable[[str], None] = print) -> Rerun:
     """Retrain (cell, seed) to its evaluation points, or to `steps` only, comparing each step's metrics and
     each evaluation with the committed values."""
-    from tg.experiments.mini import _eval_columns
+    from tg.experiments.measure import eval_columns
     from tg.pipeline import build_run, evaluate_model
     c = committed(path, cell_name, seed)
     cfg = cell_config(c.cell, seed)
@@ -137,7 +138,7 @@ def rerun(path: Path, cell_name: str, seed: int, steps: int | None = None, run_d
                     f"| {m['grad_norm']!r} | {'yes' if not differ else 'no: ' + ', '.join(differ)} |")
             done = p
             if p in c.rows:
-                now = _eval_columns(evaluate_model(run.trainer.policy.model, run.tokenizer, run.resources, cfg,
+                now = eval_columns(evaluate_model(run.trainer.policy.model, run.tokenizer, run.resources, cfg,
                                                    progress=False))
                 pairs = ", ".join(f"{k} {c.rows[p][k]} -> {now[k]}" for k in COMPARED_EVAL)
                 same = all(_same(c.rows[p][k], now[k]) for k in COMPARED_EVAL)
