@@ -147,7 +147,12 @@ def test_the_generated_sentence_and_report():
     assert line.startswith("tree (2,2,1) − chain (G = 4), multi-hop EM at step 60, 12 fresh seeds: +3.")
     assert "(95% CI +" in line and line.endswith(": holds")
     assert confirm_report.sentence(rows=rows.iloc[:8]).endswith("(2 of 12 seeds complete; no look yet)")
-    assert confirm_report.cost(rows).endswith("): stage 1: 1.3 h over 48 runs.")
+    assert confirm_report.cost(rows).endswith("): stage 1 (steps 1-60): 1.3 h over 48 runs; in all 1.3 worker hours, "
+                                              "about 0.7 h of two cores.")
+    horizon = pd.concat([rows, rows.assign(step=120, run_s=50.0)])
+    assert confirm_report.cost(horizon).endswith("stage 1 (steps 1-60): 1.3 h over 48 runs; horizon (stage 1's steps "
+                                                 "61-120): 0.7 h over 48 runs; in all 2.0 worker hours, about 1.0 h of "
+                                                 "two cores.")
 
 
 def test_question_files_keep_leading_zeros(tmp_path):

@@ -85,10 +85,17 @@ def report(root: str | Path | None = None) -> str:
 
 
 def cost(rows: pd.DataFrame) -> str:
-    """Worker hours per stage from the rows' `run_s` (rows copied from another grid cost nothing here)."""
+    """Worker hours per piece from the rows' `run_s` (rows copied from another grid cost nothing here): each stage,
+    with stage 1's steps after `confirm.STEP` counted apart as the horizon check."""
     own = rows[rows.get("reused_from", pd.Series(index=rows.index, dtype=object)).isna()]
-    hours = own.groupby("stage")["run_s"].sum() / 3600
-    runs = own[own["method"] != "start"].groupby("stage").apply(lambda g: g[["cell", "seed"]].drop_duplicates().shape[0])
+    piece = [f"horizon (stage 1's steps {confirm.STEP + 1}-{max(confirm.HORIZON)})" if stage == "1" and step > confirm.STEP
+             else f"stage {stage} (steps 1-{confirm.STEP})"
+             for stage, step in zip(own["stage"].astype(str), own["step"])]
+    own = own.assign(piece=piece)
+    hours = own.groupby("piece", sort=False)["run_s"].sum() / 3600
+    runs = own[own["method"] != "start"].groupby("piece", sort=False)[["cell", "seed"]].apply(
+        lambda g: len(g.drop_duplicates()))
     return ("Cost so far (worker hours, from `run_s`; two workers share two cores, and the hours include any time the "
             "runs shared them with other jobs): ") + "; ".join(
-        f"stage {s}: {hours[s]:.1f} h over {int(runs.get(s, 0))} runs" for s in hours.index) + "."
+        f"{k}: {hours[k]:.1f} h over {int(runs.get(k, 0))} runs" for k in hours.index) + (
+        f"; in all {hours.sum():.1f} worker hours, about {hours.sum() / 2:.1f} h of two cores.")
