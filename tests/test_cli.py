@@ -119,7 +119,7 @@ def test_retriever_serve_says_where_only_once_it_listens(corpus: Path, capsys, m
 def test_tg_mini_run_all_runs_every_grid_in_turn(monkeypatch, tmp_path: Path, capsys) -> None:
     from tg.experiments import mini, runner
     ran = []
-    monkeypatch.setattr(runner, "run_experiment", lambda name, workers, root, cells: ran.append((name, root, len(cells))))
+    monkeypatch.setattr(runner, "run_experiment", lambda name, workers, root, cells, until: ran.append((name, root, len(cells))))
     assert main(["mini", "run", "all", "--root", str(tmp_path), "--workers", "1"]) == 0
     assert ran == [(name, str(tmp_path), len(cells)) for name, cells in mini.experiments().items()]
     assert main(["mini", "run", "all", "--cell", "chain"]) == 2

@@ -183,3 +183,14 @@ def test_tg_mini_run_refuses_a_worker_count_in_one_line(workers, tmp_path, capsy
     assert out == "" and err.strip().splitlines() == [
         f"tg: --workers {workers}: a grid runs with at least 1 worker process (default 2) (--debug shows the traceback)"]
     assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("until", ["0", "-60"])
+def test_tg_mini_run_refuses_an_until_below_one_in_one_line(until, tmp_path, capsys):
+    from tg.cli import main
+    assert main(["mini", "run", "theory", "--until", until, "--root", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip().splitlines() == [
+        f"tg: --until {until}: name the last evaluation step to run now (at least 1), or leave it out "
+        "(--debug shows the traceback)"]
+    assert not (tmp_path / "results").exists()

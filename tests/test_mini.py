@@ -75,6 +75,27 @@ def test_a_run_resumed_after_an_interruption_counts_its_earlier_steps_in_run_s(t
     assert measure.EARLIER_KEY not in row                       # counted in run_s, not a column of its own
 
 
+def test_until_stops_every_run_at_its_checkpoint_and_a_later_run_goes_on_exactly(tmp_path):
+    """`--until`: the points up to a step now, the rest later. The later call resumes each run from its checkpoint,
+    and its rows and per-step metrics equal an uninterrupted run's (timers and provenance aside)."""
+    from tg.trainer import TIMERS
+    small = ("optim.prompts_per_step=2", "optim.mini_batch_prompts=2", "optim.micro_batch_rows=8",
+             "eval.n_single=3", "eval.n_multi=3", "agent.max_step_tokens=40")
+    cell = mini.Cell("multi-hop/moderate/tree", "train", small + mini.TREE221, seeds=(0,), points=(1, 2),
+                     labels=dict(method="tree"))
+    split = runner.run_experiment("split", workers=1, root=tmp_path / "a", cells=[cell], until=1)
+    assert [r["step"] for r in _rows(split)] == ["1"] and mini.pending_jobs("split", [cell], split)[0].points == (2,)
+    runner.run_experiment("split", workers=1, root=tmp_path / "a", cells=[cell])
+    whole = runner.run_experiment("split", workers=1, root=tmp_path / "b", cells=[cell])
+    kept = lambda rows, drop: [{k: v for k, v in r.items() if k not in drop} for r in rows]
+    varies = {"run_s", "train_s", "eval_s", "date", "git_sha", *TIMERS}
+    assert kept(_rows(split), varies) == kept(_rows(whole), varies) and len(_rows(split)) == 2
+    assert kept(_rows(mini.steps_path(split)), varies) == kept(_rows(mini.steps_path(whole)), varies)
+    assert _rows(mini.questions_path(split)) == _rows(mini.questions_path(whole))
+    with pytest.raises(ConfigError, match="--until 0: name the last evaluation step"):
+        runner.run_experiment("split", workers=1, root=tmp_path / "a", cells=[cell], until=0)
+
+
 def _check_rerun(path, cell, tmp_path):
     """`tg mini rerun` retrains the committed row and finds every step and evaluation equal; a committed value
     changed by one ulp, or a changed configuration, is reported."""

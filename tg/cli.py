@@ -207,6 +207,9 @@ def _add_mini(sub: Any) -> None:
                    help="rerun: the cell and seed of a committed training row, e.g. multi-hop/hard/tree 0")
     m.add_argument("--steps", type=int, metavar="K", help="rerun: only the first K training steps")
     m.add_argument("--workers", type=int, default=2, help="processes, one torch thread each (default 2 = 2 cores)")
+    m.add_argument("--until", type=int, metavar="STEP",
+                   help="run: only the evaluation points up to STEP now, e.g. every run to step 60 before any goes on "
+                        "to 120; a later run without it resumes each run from its checkpoint (default: all points)")
     m.add_argument("--cell", action="append", metavar="NAME",
                    help="run only this cell (repeatable): a name or its last parts, e.g. --cell 'tree (1,2,1)' (both "
                         "starts) --cell moderate/chain-16 (one); default all")
@@ -263,6 +266,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         from tg.experiments import claims, mini, report, runner, summary
         if args.action == "run":
             runner.check_workers(args.workers)  # bad input first, before the grid's listing
+            runner.check_until(args.until)
         print(mini.describe(args.experiment), flush=True)
         if args.action == "run":
             if not args.experiment:
@@ -271,7 +275,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                 raise ConfigError("tg mini run all runs every cell of every grid: name one grid with --cell")
             for name in mini.experiments() if args.experiment == "all" else [args.experiment]:
                 cells = mini.select_cells(name, args.cell)
-                runner.run_experiment(name, workers=args.workers, root=args.root, cells=cells)
+                runner.run_experiment(name, workers=args.workers, root=args.root, cells=cells, until=args.until)
         if args.action == "report" and args.readme:
             for path in report.write_readmes(args.root):
                 print(f"rewrote the generated block of {path}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -47,13 +48,24 @@ def check_workers(workers: int) -> None:
         raise ConfigError(f"--workers {workers}: a grid runs with at least 1 worker process (default 2)")
 
 
+def check_until(until: int | None) -> None:
+    """ConfigError unless `until` is None or a training step (at least 1)."""
+    if until is not None and until < 1:
+        raise ConfigError(f"--until {until}: name the last evaluation step to run now (at least 1), or leave it out")
+
+
 def run_experiment(name: str, workers: int = 2, root: str | Path | None = None,
-                   cells: list[Cell] | None = None) -> Path:
+                   cells: list[Cell] | None = None, until: int | None = None) -> Path:
     """Run every missing (cell, seed, point) of experiment `name`; rows go to <root>/results/mini/<name>.csv. One run
-    of a grid under a root at a time: a second is refused at once (`run_lock`), so no row is made twice."""
+    of a grid under a root at a time: a second is refused at once (`run_lock`), so no row is made twice. With
+    `until`, only the points up to that step: a run stops at its checkpoint there, and a later call resumes it
+    from that checkpoint (the same state, so its later rows equal those of an uninterrupted run)."""
     from tg.agent.world import resolve
     check_workers(workers)
+    check_until(until)
     cells = select_cells(name) if cells is None else cells
+    if until is not None:
+        cells = [c for c in (replace(c, points=tuple(p for p in c.points if p <= until)) for c in cells) if c.points]
     root = Path(root) if root else resolve(".")
     path = mini_dir(root) / f"{name}.csv"
     with exclusive_run(run_lock(root, name), f"`tg mini run {name}` on {mini_dir(root)}"):
