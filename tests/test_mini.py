@@ -75,9 +75,10 @@ def test_a_run_resumed_after_an_interruption_counts_its_earlier_steps_in_run_s(t
     assert measure.EARLIER_KEY not in row                       # counted in run_s, not a column of its own
 
 
-def test_until_stops_every_run_at_its_checkpoint_and_a_later_run_goes_on_exactly(tmp_path):
-    """`--until`: the points up to a step now, the rest later. The later call resumes each run from its checkpoint,
-    and its rows and per-step metrics equal an uninterrupted run's (timers and provenance aside)."""
+def test_until_stops_every_run_at_its_checkpoint_and_a_later_run_goes_on_exactly(tmp_path, capsys):
+    """`--until`: the points up to a step now, the rest later. The later call resumes each run from its checkpoint
+    (its progress bar counts the one step left), and its rows and per-step metrics equal an uninterrupted run's
+    (timers and provenance aside)."""
     from tg.trainer import TIMERS
     small = ("optim.prompts_per_step=2", "optim.mini_batch_prompts=2", "optim.micro_batch_rows=8",
              "eval.n_single=3", "eval.n_multi=3", "agent.max_step_tokens=40")
@@ -85,7 +86,9 @@ def test_until_stops_every_run_at_its_checkpoint_and_a_later_run_goes_on_exactly
                      labels=dict(method="tree"))
     split = runner.run_experiment("split", workers=1, root=tmp_path / "a", cells=[cell], until=1)
     assert [r["step"] for r in _rows(split)] == ["1"] and mini.pending_jobs("split", [cell], split)[0].points == (2,)
+    capsys.readouterr()
     runner.run_experiment("split", workers=1, root=tmp_path / "a", cells=[cell])
+    assert "| 1/1 [" in capsys.readouterr().err
     whole = runner.run_experiment("split", workers=1, root=tmp_path / "b", cells=[cell])
     kept = lambda rows, drop: [{k: v for k, v in r.items() if k not in drop} for r in rows]
     varies = {"run_s", "train_s", "eval_s", "date", "git_sha", *TIMERS}

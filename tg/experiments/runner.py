@@ -25,9 +25,12 @@ GRID_THREADS = 1
 `tg mini rerun` trains with the same count: a row reruns exactly only with the threads that made it."""
 
 
-def _job_weight(job: Job) -> int:
-    """Progress units: training steps still to run (at least 1 per job)."""
-    return max(job.points) if job.cell.kind == "train" else 1
+def _job_span(job: Job) -> tuple[int, int]:
+    """Progress units (training steps) a job starts and ends at: from the cell's evaluation point before the job's
+    first (its run resumes there) to its last point; (0, 1) for a job that trains nothing."""
+    if job.cell.kind != "train":
+        return 0, 1
+    return max((p for p in job.cell.points if p < min(job.points)), default=0), max(job.points)
 
 
 def _worker(jobs: Any, out: Any, root: str) -> None:
@@ -107,7 +110,7 @@ def _run_jobs(name: str, jobs: list[Job], cells: list[Cell], root: Path, path: P
     for overrides in dict.fromkeys(c.overrides for c in cells if c.kind != "theory"):
         load_resources(cell_config(Cell("", "start", overrides), 0))  # world and pinned starts, once, before the workers
     t0, errors = time.perf_counter(), []
-    bar = tqdm(total=sum(_job_weight(j) for j in jobs), desc=name, unit="step")
+    bar = tqdm(total=sum(end - begin for begin, end in map(_job_span, jobs)), desc=name, unit="step")
     if workers <= 1:
         _collect(_inline(jobs, root), path, bar, errors)
     else:
@@ -161,12 +164,12 @@ def _collect(events: Any, path: Path, bar: Any, errors: list[str], n_jobs: int |
                     append_grid_rows(questions_path(path), [{**key, **outcomes}])
             append_grid_rows(path, [payload])
             step = int(payload["step"]) if job.cell.kind == "train" else 0
-            bar.update(max(step - progressed.get(job, 0), 0))
-            progressed[job] = max(step, progressed.get(job, 0))
+            bar.update(max(step - progressed.get(job, _job_span(job)[0]), 0))
+            progressed[job] = max(step, progressed.get(job, _job_span(job)[0]))
         elif kind == "error":
             errors.append(f"{job.cell.name} seed {job.seed}: {payload}")
         else:
-            bar.update(max(_job_weight(job) - progressed.pop(job, 0), 0))
+            bar.update(max(_job_span(job)[1] - progressed.pop(job, _job_span(job)[0]), 0))
             finished += 1
             if n_jobs is not None and finished == n_jobs:
                 return
