@@ -147,6 +147,10 @@ def test_the_generated_sentence_and_report():
     assert line.startswith("tree (2,2,1) − chain (G = 4), multi-hop EM at step 60, 12 fresh seeds: +3.")
     assert "(95% CI +" in line and line.endswith(": holds")
     assert confirm_report.sentence(rows=rows.iloc[:8]).endswith("(2 of 12 seeds complete; no look yet)")
+    null = _rows({s: rng.normal(0, 0.3) for s in confirm.STAGE1_SEEDS})
+    [look] = confirm.primary_looks(null)
+    assert confirm_report.sentence(rows=null).endswith(
+        f": refuted (upper bound {look.test.upper:+.1f} at look 1's level, below the paper's 3.1 on this scale)")
     assert confirm_report.cost(rows).endswith("): stage 1 (steps 1-60): 1.3 h over 48 runs; in all 1.3 worker hours, "
                                               "about 0.7 h of two cores.")
     horizon = pd.concat([rows, rows.assign(step=120, run_s=50.0)])

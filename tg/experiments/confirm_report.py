@@ -36,6 +36,9 @@ def sentence(root: str | Path | None = None, rows: pd.DataFrame | None = None) -
     verdict = "stage 2 running" if looks[-1].decision == "continue" else looks[-1].decision
     if verdict == "holds" and t.upper < confirm.DELTA:
         verdict += f", smaller than the paper's {confirm.DELTA:.1f} on this scale"
+    if verdict == "refuted":
+        verdict += (f" (upper bound {_signed(t.upper)} at look {looks[-1].look}'s level, below the paper's "
+                    f"{confirm.DELTA:.1f} on this scale)")
     return f"{name}, {t.n} fresh seeds: {_signed(t.effect)} (95% CI {t.ci_low:+.1f} to {t.ci_high:+.1f}): {verdict}"
 
 

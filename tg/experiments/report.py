@@ -74,14 +74,16 @@ def blocks(root: str | Path | None = None) -> dict[Path, list[tuple[str, str]]]:
 
 def confirm_line(root: str | Path | None = None) -> str:
     """The README's line on claim 2's confirmatory experiment: its verdict sentence and its secondaries."""
-    from tg.experiments.confirm import secondary_results
+    from tg.experiments import confirm
     from tg.experiments.confirm_report import load, sentence
     rows = load(root)
-    secondaries = secondary_results(rows) if rows is not None else []
+    secondaries = confirm.secondary_results(rows) if rows is not None else []
     held = [s for s in secondaries if s.verdict == "holds"]
     tested = any(s.test for s in secondaries)
+    decided = rows is not None and confirm.primary_verdict(rows) in ("refuted", "inconclusive")
     second = (f"{len(held)} of 6 secondaries hold" + (f" ({', '.join(s.name for s in held)})" if held else "")
-              if tested else "secondaries tested only once it holds")
+              if tested else "the secondaries are not tested: the rule tests them only if it holds" if decided
+              else "secondaries tested only once it holds")
     return (f"Claim 2 on fresh seeds, declared before its first row ([results/mini/confirm.md](results/mini/confirm.md)):"
             f" **{sentence(root, rows)}**; {second}.")
 
