@@ -139,7 +139,7 @@ def rerun(path: Path, cell_name: str, seed: int, steps: int | None = None, run_d
             done = p
             if p in c.rows:
                 now = eval_columns(evaluate_model(run.trainer.policy.model, run.tokenizer, run.resources, cfg,
-                                                   progress=False))
+                                                  progress=False))
                 pairs = ", ".join(f"{k} {c.rows[p][k]} -> {now[k]}" for k in COMPARED_EVAL)
                 same = all(_same(c.rows[p][k], now[k]) for k in COMPARED_EVAL)
                 equal &= same

@@ -163,9 +163,9 @@ def _collect(events: Any, path: Path, bar: Any, errors: list[str], n_jobs: int |
                 if row_key(key) not in done_keys(questions_path(path)):
                     append_grid_rows(questions_path(path), [{**key, **outcomes}])
             append_grid_rows(path, [payload])
-            step = int(payload["step"]) if job.cell.kind == "train" else 0
-            bar.update(max(step - progressed.get(job, _job_span(job)[0]), 0))
-            progressed[job] = max(step, progressed.get(job, _job_span(job)[0]))
+            step, at = int(payload["step"]) if job.cell.kind == "train" else 0, progressed.get(job, _job_span(job)[0])
+            bar.update(max(step - at, 0))
+            progressed[job] = max(step, at)
         elif kind == "error":
             errors.append(f"{job.cell.name} seed {job.seed}: {payload}")
         else:
