@@ -1,16 +1,17 @@
 """The confirmatory experiment (results/mini/confirm.md): does Tree-GRPO (2,2,1) beat chain GRPO (G = 4) at equal
 budget on fresh seeds?
 
-Reads results/mini/confirm.csv alone (`tg mini run confirm`). Left: each seed's paired difference d (tree − chain
+Reads results/mini/confirm.csv alone (`tg mini run confirm`). Top: each seed's paired difference d (tree − chain
 multi-hop EM at step 60, averaged over the hard and moderate starts), their mean with its 95% t interval, zero, and
 the paper's effect translated to this scale (Table 3's relative gain at budget 4 times the chain's EM here).
-Right: the horizon check on stage 1's seeds, per start: tree and chain multi-hop EM at steps 0 (the pinned start),
+Bottom: the horizon check on stage 1's seeds, per start: tree and chain multi-hop EM at steps 0 (the pinned start),
 30, 60, 90 and 120, mean with 95% t intervals over seeds. Error bars are 95% t intervals everywhere.
 Writes figures/fig_mini_confirm.png.
 """
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ from figures import _common as c
 from tg.experiments import confirm
 
 NAME = "fig_mini_confirm.png"
-FONT = 10
+FONT = 11
 
 
 def _ci(v: pd.Series) -> float:
@@ -81,7 +82,9 @@ def horizon(ax, rows: pd.DataFrame, start: str) -> None:
 def draw(root: Path):
     from tg.experiments.confirm_report import sentence
     rows = c.ours(root, f"mini/{confirm.GRID}.csv")
-    fig, ax = c.plt.subplots(1, 3, figsize=(15, 5), gridspec_kw=dict(width_ratios=[1.3, 1, 1]))
+    fig = c.plt.figure(figsize=(11, 9))  # two rows: readable at a notebook's width
+    grid = fig.add_gridspec(2, 2)
+    ax = [fig.add_subplot(grid[0, :]), fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1])]
     if rows is None:
         for a in ax:
             c.note(a, "not run yet (`tg mini run confirm`, results/mini/confirm.md)")
@@ -91,6 +94,6 @@ def draw(root: Path):
     for a, start in zip(ax[1:], confirm.STARTS):
         horizon(a, rows, start)
     fig.suptitle(f"Confirmatory experiment, fresh seeds (tg, cpu preset; error bars: 95% t intervals)\n"
-                 f"{sentence(root)}", fontsize=FONT + 1)
+                 f"{textwrap.fill(sentence(root), 100)}", fontsize=FONT + 1)
     fig.tight_layout()
     return fig
