@@ -3,9 +3,11 @@ full fine-tuning and LoRA, FSDP2 for full fine-tuning; a rank that dies stops th
 the run resumes exactly; one process resumes a two-rank run. The ranks are two spawned processes that join
 the group from torchrun's environment variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
 
+import faulthandler
 import json
 import multiprocessing
 import os
+import signal
 import socket
 from pathlib import Path
 
@@ -55,6 +57,7 @@ def _rank(rank: int, port: int, jobs: list[dict], out: str) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
+    faulthandler.register(signal.SIGUSR1, file=open(Path(out, f"rank{rank}.stacks"), "a"))  # see _launch
     from tg.gpu.distributed import RankLostError
     from tg.gpu.launch import start
     for job in jobs:
@@ -86,8 +89,11 @@ def _launch(jobs: list[dict], out: Path) -> list[int]:
     for p in procs:
         p.join(timeout=300)
     codes = [p.exitcode for p in procs]
-    for p in procs:                                                          # a hung rank is reported as None
+    for r, p in enumerate(procs):                        # a hung rank is reported as None, its stacks printed
         if p.is_alive():
+            os.kill(p.pid, signal.SIGUSR1)
+            p.join(timeout=5)
+            print(f"rank {r} hung; its threads' stacks:\n" + Path(out, f"rank{r}.stacks").read_text())
             p.kill()
     return codes
 
