@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from tg.trainer import METRICS, TIMERS
+from tg.metrics import METRICS, TIMERS
 
 
 def write_section(path: Path, name: str, table: str) -> None:

@@ -28,8 +28,8 @@ import torch
 from _blocks import step_medians, write_section
 
 from tg.experiments.mini import cell_config, experiments, regime_of
+from tg.metrics import TIMERS
 from tg.pipeline import build_run, evaluate_model
-from tg.trainer import TIMERS
 
 GRIDS = ("budget", "shapes", "ablation", "sweep")
 STARTUP = ("import time; t = time.perf_counter(); import tempfile; from tg.pipeline import build_run; "

@@ -25,7 +25,7 @@ def timings(shape: tuple[int, int, int], reps: int) -> dict[str, float]:
     # whole rows in both ways, no shared start: only the log-softmax's extent differs (bench/shared_prefix.py)
     tr, rows = step_rows(shape, share_prefix=False)
     o, model = tr.cfg.optim, tr.policy.model
-    micros = [mb for mini in tr._micro_batches(rows) for mb in mini]
+    micros = [mb for mini in tr.micro_batches(rows) for mb in mini]
     refs = tr._frozen_logprobs(micros, reference=True)
 
     def whole(m, mb):  # every row position's logits (rows in tree order when packed)

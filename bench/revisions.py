@@ -25,7 +25,7 @@ from pathlib import Path
 
 from _blocks import same_metrics, step_medians, write_section
 
-from tg.trainer import TIMERS
+from tg.metrics import TIMERS
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD = """

@@ -22,7 +22,7 @@ def timings(shape: tuple[int, int, int], reps: int) -> dict[str, float]:
     model, micros = tr.policy.model, {}
     for share in (True, False):
         tr.share_prefix = share
-        micros[share] = [mb for mini in tr._micro_batches(rows) for mb in mini]
+        micros[share] = [mb for mini in tr.micro_batches(rows) for mb in mini]
     refs = {share: tr._frozen_logprobs(micros[share], reference=True) for share in micros}
 
     def train(share: bool) -> None:

@@ -39,8 +39,9 @@ from _blocks import write_section
 
 from tg.agent.finetune import trainable_policy
 from tg.agent.policy import build_tokenizer, save_policy, tiny_qwen2_config
+from tg.batch import Rows
 from tg.config import load_config
-from tg.trainer import Rows, Trainer
+from tg.trainer import Trainer
 
 
 
@@ -70,7 +71,8 @@ def tg_side(path: Path, cfg, ids: torch.Tensor, prompt_len: int, run_dir: Path):
     mask[:, prompt_len:] = 1                                   # policy tokens = the completion
     adv = torch.randn(ids.shape[0], generator=torch.Generator().manual_seed(2))
     n_gen = ids.shape[0] // cfg.optim.prompts_per_step
-    rows = Rows(ids, torch.ones_like(ids), mask, adv, [i // n_gen for i in range(ids.shape[0])])
+    rows = Rows(ids, torch.ones_like(ids), mask, adv, [i // n_gen for i in range(ids.shape[0])],
+                list(range(ids.shape[0])))                     # independent rows: each its own tree
     return trainer, rows
 
 

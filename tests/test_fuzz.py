@@ -22,10 +22,10 @@ from tg.agent.env import PluginError, generated_step
 from tg.agent.protocol import Action, Step
 from tg.agent.retrieval import read_corpus
 from tg.agent.server import read_request, start_background
+from tg.batch import leaf_rewards
 from tg.config import Config, ConfigError, load_config
 from tg.config_values import field_types, parse_value, type_ok
 from tg.engines.engine import GenOut, PrefillStats, Sampling
-from tg.trainer import leaf_rewards
 from tg.tree import Tree, sample_trees
 
 FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -79,7 +79,7 @@ def test_until_stops_every_run_at_its_checkpoint_and_a_later_run_goes_on_exactly
     """`--until`: the points up to a step now, the rest later. The later call resumes each run from its checkpoint
     (its progress bar counts the one step left), and its rows and per-step metrics equal an uninterrupted run's
     (timers and provenance aside)."""
-    from tg.trainer import TIMERS
+    from tg.metrics import TIMERS
     small = ("optim.prompts_per_step=2", "optim.mini_batch_prompts=2", "optim.micro_batch_rows=8",
              "eval.n_single=3", "eval.n_multi=3", "agent.max_step_tokens=40")
     cell = mini.Cell("multi-hop/moderate/tree", "train", small + mini.TREE221, seeds=(0,), points=(1, 2),

@@ -3,8 +3,8 @@
 import pytest
 
 from tg.cli import parser
+from tg.metrics import METRICS
 from tg.store.reporters import reporters
-from tg.trainer import METRICS
 
 
 def _scalars(log_dir):

@@ -9,8 +9,8 @@ import torch
 
 from tg.advantage import combine_step_advantages, group_relative, observation_prefixes, step_group_advantages
 from tg.agent.protocol import Step
+from tg.batch import build_rows, chain_states
 from tg.config import ConfigError
-from tg.trainer import build_rows, chain_states
 from tg.tree import Tree
 
 F64 = torch.float64

@@ -237,7 +237,7 @@ def test_update_equals_one_plain_masked_step(cfg, warm_policy_dir, make_env, tra
     tr.update = lambda rows: seen.append(rows) or update(rows)
     row = tr.step()
     rows = seen[0]
-    micros = tr._micro_batches(rows)[0]
+    micros = tr.micro_batches(rows)[0]
     assert len(set(rows.attn.sum(1).tolist())) > 1 and len(micros) > 1  # padding, micro-batches
     assert all(mb.shared > 0 for mb in micros)  # the prompt's instructions once per micro-batch
     assert any(mb.packed.ids.shape[0] < len(mb.idx) for mb in micros) == pack  # several rows of a tree packed
@@ -281,7 +281,7 @@ def test_logprobs_at_policy_tokens_train_like_whole_rows(cfg, warm_policy_dir, m
     tr.update = lambda rows: seen.append(rows) or update(rows)
     tr.step()
     rows, o, model = seen[0], c.optim, tr.policy.model
-    micros = tr._micro_batches(rows)[0]
+    micros = tr.micro_batches(rows)[0]
     by_tree = [mb.packed is not None and mb.packed.ids.shape[0] < len(mb.idx) for mb in micros]
     assert any(by_tree) == pack and len(micros) > 1 and all(mb.shared > 0 for mb in micros)
 
@@ -290,7 +290,7 @@ def test_logprobs_at_policy_tokens_train_like_whole_rows(cfg, warm_policy_dir, m
         once): positions before the shared prefix's end, prompt tokens the mask leaves out, take any logits."""
         P, s = mb.packed.ids.shape[1], mb.shared
         where = mb.packed.where // P * (P - s) + (mb.packed.where % P - s).clamp(min=0)
-        trees = [rows.tree[int(r)] for r in mb.idx]     # packed rows go by tree, in order (Trainer._micro)
+        trees = [rows.tree[int(r)] for r in mb.idx]     # packed rows go by tree, in order (tg.batch.micro_inputs)
         order = sorted(range(len(trees)), key=trees.__getitem__) if tree_packed else range(len(trees))
         return packed_logits(m, mb.packed, s)[where][torch.tensor(order).argsort()]
 
@@ -376,7 +376,7 @@ def test_gradient_checkpointing_runs_the_shared_start_per_row_and_trains_alike(c
         update = tr.update
         tr.update = lambda rows, update=update: seen.append(rows) or update(rows)
         row = tr.step()
-        runs[ckpt] = row, tr.policy.state_dict(), [mb.shared for mb in tr._micro_batches(seen[0])[0]]
+        runs[ckpt] = row, tr.policy.state_dict(), [mb.shared for mb in tr.micro_batches(seen[0])[0]]
     (row, weights, shared), (ckpt_row, ckpt_weights, ckpt_shared) = runs[False], runs[True]
     assert min(shared) > 0 and ckpt_shared == [0] * len(shared)
     for k in ("loss", "pg_loss", "kl", "entropy"):

@@ -17,13 +17,13 @@ import tg.integrations.trl as tgtrl  # noqa: E402
 from tg.advantage import tree_grpo_parts  # noqa: E402
 from tg.agent.policy import load_policy  # noqa: E402
 from tg.agent.tasks import make_reward  # noqa: E402
+from tg.batch import leaf_rewards  # noqa: E402
 from tg.config import ConfigError  # noqa: E402
 from tg.gpu.doctor import PACKAGES, read_matrix  # noqa: E402
 from tg.integrations.trl import (TreeGRPOTrainer, TreeRollout, check_args, distinct_prompts,  # noqa: E402
                                  grpo_config_kwargs, questions_dataset, tree_reward)
 from tg.loss import grpo_loss, token_logprobs  # noqa: E402
 from tg.pipeline import load_resources  # noqa: E402
-from tg.trainer import leaf_rewards  # noqa: E402
 from tg.tree import sample_trees  # noqa: E402
 
 from tg.agent.world import REPO_ROOT  # noqa: E402

@@ -11,8 +11,10 @@ with sits in six subpackages.
     reward.py       EM / F1, format check, Eq. 13
     budget.py       the budget ledger and the paper's chain-equivalent budget
     packing.py      a tree's rows trained as one sequence along their shared prefixes (optim.pack_trees)
-    trainer.py      one training step and the loop: the one place that wires the above; memory.py: its
-                    large tensors kept in the process when freed (glibc), a speed-up that changes no number
+    batch.py        a step's batch from its trees: leaf scores, advantages, training rows, micro-batches
+    trainer.py      one training step and the loop: the one place that wires the above; metrics.py: the
+                    row a step logs and its glossary; memory.py: its large tensors kept in the process when
+                    freed (glibc), a speed-up that changes no number
     theory.py       Proposition 3.1 (intra-tree GRPO vs step-level DPO), checked numerically
     config.py       one frozen config, presets, schedules, the one switch (TG_PRESET); config_values.py: parsing
     evaluate.py     greedy single-chain evaluation, EM / F1 per data source, Table-1-shaped result rows

@@ -202,7 +202,7 @@ def step_group_advantages(rewards: Tensor, prompt_ids: Sequence[Hashable], state
        GiGPO also offers a mean-only variant, not here. A singleton state gets 0 by default.
     3. The first state, the prompt alone, is shared by all chains of the prompt: with gamma = 1 its
        step group is the episode group, so step 0 gets A_episode (1 + omega), as in GiGPO.
-    4. In the trainer for chains only (`optim.step_groups` = omega; tg.trainer.chain_states gives the states).
+    4. In the trainer for chains only (`optim.step_groups` = omega; tg.batch.chain_states gives the states).
 
     Args:
         rewards: [n] float, one outcome reward per chain.

@@ -11,12 +11,12 @@ One step:
    tg.advantage.step_group_advantages);
 4. one training row per leaf: its exact sampled ids and observation mask (shared prefixes repeat;
    with `optim.pack_trees` each tree's rows run as one sequence along their shared prefixes; a
-   micro-batch's common start, the prompt's instructions, runs once for all its rows; tg.packing);
+   micro-batch's common start, the prompt's instructions, runs once for all its rows; tg.batch, tg.packing);
 5. old log-probs once, reference log-probs once (adapter disabled), then PPO mini-batches of
    `mini_batch_prompts` questions, with gradient accumulation over `micro_batch_rows` rows, AdamW,
    linear warm-up then constant LR, grad-norm clip.
 
-Metrics (one JSONL row per step; the glossary is `METRICS`, also in docs/cli.md).
+Metrics: one JSONL row per step (tg.metrics.METRICS, also in docs/cli.md).
 Deviations, numbered:
 1. With one mini-batch per step the old log-probs equal the current ones before the update, so
    they are taken from the update's own forward (detached): one forward saved, same numbers.
@@ -33,7 +33,6 @@ import json
 import logging
 import random
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -41,137 +40,30 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from tg.advantage import combine_step_advantages, observation_prefixes, step_group_advantages, tree_grpo_parts
-from tg.agent.contract import CheckedEnv, checked_reward
+from tg.agent.contract import CheckedEnv
 from tg.agent.data import Question
 from tg.agent.env import Environment, Reward
 from tg.agent.finetune import TrainablePolicy
+from tg.agent.protocol import prompt_ids
+from tg.agent.tasks import make_reward
+from tg.batch import Micro, Rows, build_rows, leaf_advantages, leaf_rewards, micro_batches
 from tg.budget import Ledger, ledgers
 from tg.config import Config
 from tg.engines.engine import Engine, HFEngine, Sampling
+from tg.gpu.distributed import Parallel, failures_as_rank_lost, gather_step, set_rng_state, shard_seed, shard_slices
 from tg.loss import entropy, grpo_loss, logprobs_at
 from tg.memory import keep_freed_memory
-from tg.packing import PackedBatch, common_prefix, pack_batch, packed_logits, rows_batch
+from tg.metrics import step_metrics
+from tg.packing import packed_logits
 from tg.store.files import atomic_write_text
-from tg.gpu.distributed import (Parallel, failures_as_rank_lost, gather_step, minibatch_of, set_rng_state, shard_seed,
-                            shard_slices)
-from tg.agent.protocol import prompt_ids
-from tg.agent.tasks import make_reward
-from tg.reward import answer_score, is_valid_format
 from tg.store.rundir import has_checkpoint, read_checkpoint, run_lock, write_checkpoint
 from tg.tree import RolloutStats, Tree, sample_trees
-
-METRICS: dict[str, str] = {
-    "step": "training step (1-based)",
-    "reward": "mean training reward over the step's leaves (the task's reward, Eq. 13 for search and calculator)",
-    "em": "mean exact match of the leaves' last answers (no format term)",
-    "format_valid": "share of leaves with a valid think/search/answer format",
-    "tool_calls": "searches per question, summed over all its tree nodes",
-    "tool_calls_per_traj": "searches on a root-to-leaf trajectory, mean over leaves",
-    "generated": "policy tokens sampled per question (shared prefixes once)",
-    "prefill": "context tokens the engine computed per question",
-    "prefill_saved": "context tokens saved by prefix reuse per question",
-    "trajectories": "leaves (training rows) per question",
-    "zero_std_intra": "share of trees whose leaves all have the same reward (no intra-tree signal)",
-    "zero_std_inter": "share of questions whose leaves all have the same reward (no inter-tree signal)",
-    "adv_mean": "mean advantage over rows", "adv_std": "std of the advantage over rows",
-    "adv_intra_std": "std of the intra-tree part", "adv_inter_std": "std of the inter-tree part",
-    "loss": "total loss of the step's last mini-batch", "pg_loss": "policy-gradient part",
-    "kl": "K3 KL to the reference, aggregated like the loss", "clip_frac": "share of policy tokens clipped",
-    "entropy": "policy entropy on policy tokens, aggregated like the loss", "grad_norm": "global grad norm before clipping",
-    "lr": "learning rate",
-    "sync_maxdiff": "vLLM engine only: max |log-prob| gap on a probe between the engine and the trainer after sync",
-    "rollout_s": "rollout wall seconds", "logprob_s": "reference (and old, with several mini-batches) log-prob seconds",
-    "update_s": "advantages + forward/backward + optimiser + engine sync seconds",
-}
-TIMERS = ("rollout_s", "logprob_s", "update_s")
-"""The timed pieces of a step (seconds, in `METRICS`); their sum is the step's training time."""
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Micro:
-    """One micro-batch's model inputs: its rows' ids and attention [B, width], the sequences the forward
-    runs (with optim.pack_trees their trees packed; None: the rows as they are, under the causal kernel) and
-    how many leading positions they all share, and where the log-probs are taken: the policy tokens (rows,
-    cols) of the [B, width] grid and, for each, the index of the logits that predict it in the forward's
-    flattened logits."""
-
-    idx: torch.Tensor
-    ids: torch.Tensor
-    attn: torch.Tensor
-    policy: tuple[torch.Tensor, torch.Tensor]
-    at: torch.Tensor
-    packed: PackedBatch | None = None
-    shared: int = 0
-
-
 class NonFiniteError(RuntimeError):
     """A loss, gradient or trained weight is NaN/inf: the step is stopped and no checkpoint is written."""
-
-
-@dataclass
-class Rows:
-    """Training rows, right-padded: ids, attention and policy masks [R, T]; advantages [R], or [R, T] per token."""
-
-    ids: torch.Tensor
-    attn: torch.Tensor
-    mask: torch.Tensor
-    adv: torch.Tensor
-    question: list[int]
-    tree: list[int]
-    """The index of each row's tree in the batch (rows of one tree share prefixes)."""
-
-
-def build_rows(trees: Sequence[Tree], adv: torch.Tensor, pad_id: int) -> Rows:
-    """One row per leaf, in the order of `leaf_rewards`: the exact sampled ids and observation mask.
-
-    `adv` is [R] (one advantage per trajectory) or [R, K] (one per step, step groups): then every token
-    of step k of row r takes adv[r, k] (its observation tokens too, which the mask leaves out)."""
-    trajs = [t.trajectory(leaf) for t in trees for leaf in t.leaves()]
-    width = max(len(x.ids) for x in trajs)
-    ids = torch.full((len(trajs), width), pad_id, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    mask = torch.zeros_like(ids)
-    per_token = torch.zeros(ids.shape, dtype=adv.dtype) if adv.dim() == 2 else None
-    for i, x in enumerate(trajs):
-        ids[i, :len(x.ids)] = torch.tensor(x.ids)
-        attn[i, :len(x.ids)] = 1
-        mask[i, :len(x.ids)] = torch.tensor(x.mask)
-        if per_token is not None:
-            start = len(x.prompt_ids)
-            for k, step in enumerate(x.steps):
-                per_token[i, start:start + len(step.ids)] = adv[i, k]
-                start += len(step.ids)
-    return Rows(ids, attn, mask, (adv if per_token is None else per_token).float(),
-                [t.question for t in trees for _ in t.leaves()], [k for k, t in enumerate(trees) for _ in t.leaves()])
-
-
-def chain_states(tree: Tree) -> list[tuple]:
-    """The state each step of a chain acts from: the observations so far, as exact ids (GiGPO's anchor state;
-    the prompt is the step group's key beside it). A chain of K steps has K states."""
-    (leaf,) = tree.leaves()
-    return observation_prefixes([tuple(s.obs_ids) for s in tree.path(leaf)[:-1]])
-
-
-def leaf_rewards(trees: Sequence[Tree], golds: Sequence[Sequence[str]], reward_fn: Reward,
-                 questions: Sequence[str] = ()) -> dict[str, list]:
-    """Score every leaf with `reward_fn` (filling `tree.rewards`); returns per-leaf reward, EM, format validity, ids.
-    Each reward is held to its contract (`tg.agent.contract.checked_reward`; `questions[q]` names question q)."""
-    out: dict[str, list] = {k: [] for k in ("reward", "em", "valid", "tree", "prompt", "calls")}
-    for k, tree in enumerate(trees):
-        for leaf in tree.leaves():
-            texts = [s.text for s in tree.path(leaf)]
-            q = tree.question
-            tree.rewards[leaf] = checked_reward(reward_fn, texts, golds[q], questions[q] if questions else f"#{q}")
-            out["reward"].append(tree.rewards[leaf])
-            out["em"].append(answer_score("".join(texts), golds[tree.question]))
-            out["valid"].append(float(is_valid_format(texts)))
-            out["tree"].append(k)
-            out["prompt"].append(tree.question)
-            out["calls"].append(tree.trajectory(leaf).tool_calls)
-    return out
 
 
 def rollout_seed(seed: int, step: int) -> int:
@@ -192,13 +84,6 @@ def _at_policy(values: torch.Tensor, mb: Micro) -> torch.Tensor:
     """[B, width]: `values` [N] at the micro-batch's policy tokens, 0 elsewhere (differentiable)."""
     r, c = (x.to(values.device) for x in mb.policy)
     return values.new_zeros(mb.ids.shape).index_put((r, c), values)
-
-
-def _zero_std_share(values: Sequence[float], groups: Sequence[int]) -> float:
-    by: dict[int, set[float]] = {}
-    for v, g in zip(values, groups):
-        by.setdefault(g, set()).add(v)
-    return sum(len(s) == 1 for s in by.values()) / max(len(by), 1)
 
 
 def _set_seed(seed: int) -> None:
@@ -273,37 +158,9 @@ class Trainer:
         return trees, leds
 
     # ---- log-probs and the update ----------------------------------------------------------------
-    def _micro(self, rows: Rows, idx: torch.Tensor) -> Micro:
-        """The model inputs of the rows `idx`, built once per update (packing is not free: a trie over ids).
-
-        Log-probs and entropies are taken at the policy tokens only (their logits gathered, then the log-softmax):
-        the loss masks every other token, so its value and gradient are those of the whole rows' to the last bit
-        (with an entropy bonus, within float rounding: its gradient's terms add in another order; tested in
-        tests/test_trainer.py), at a fraction of the [rows, width, vocabulary] work.
-
-        The rows' common start (the prompt's instructions, up to the first logit needed) runs once for all of
-        them (tg.packing.packed_logits) where `share_prefix`."""
-        width = int(rows.attn[idx].sum(1).max())
-        ids, attn = rows.ids[idx, :width], rows.attn[idx, :width]
-        row, col = rows.mask[idx, 1:width].nonzero(as_tuple=True)  # the logits at col predict the token at col + 1
-        policy = (row, col + 1)  # position 0 has no predictor (a prompt token)
-        shared = common_prefix(ids, int(col.min())) if self.share_prefix and len(col) else 0
-        trees = [rows.tree[int(r)] for r in idx]
-        if not self.cfg.optim.pack_trees or len(set(trees)) == len(trees):  # no two rows share a tree: nothing to pack
-            packed, at = rows_batch(ids) if shared else None, row * width + col  # into logits [B * width, V]
-        else:
-            order = sorted(range(len(idx)), key=lambda i: trees[i])  # stable: rows of a tree in order
-            groups: dict[int, list[list[int]]] = {}
-            for i in order:
-                r = int(idx[i])
-                groups.setdefault(rows.tree[r], []).append(rows.ids[r, :int(rows.attn[r].sum())].tolist())
-            packed = pack_batch(list(groups.values()), width, self.pad_id)
-            unpack = torch.tensor(order).argsort()  # row i of the micro-batch is packed row unpack[i]
-            at = packed.where[unpack[row], col]
-        if packed is not None:  # the forward's logits leave out each sequence's first `shared` positions
-            P = packed.ids.shape[1]
-            at = at // P * (P - shared) + at % P - shared
-        return Micro(idx, ids, attn, policy, at=at, packed=packed, shared=shared)
+    def micro_batches(self, rows: Rows) -> list[list[Micro]]:
+        """This rank's micro-batches per PPO mini-batch (tg.batch.micro_batches)."""
+        return micro_batches(rows, self.cfg.optim, self.par.shards, self.share_prefix, self.pad_id)
 
     def _forward_logprobs(self, model: Any, mb: Micro, prefix_model: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs [B, width] of the micro-batch's policy tokens (0 elsewhere) and the logits [N, V] that
@@ -344,28 +201,10 @@ class Trainer:
         stats["loss"] = float(loss.detach())
         return stats
 
-    def _micro_batches(self, rows: Rows) -> list[list[Micro]]:
-        """Micro-batches per PPO mini-batch (consecutive questions of each rollout shard, tg.gpu.distributed).
-        Inside a mini-batch the trees go longest first (by their longest row), a tree's rows together, so a
-        micro-batch holds rows of like width and little padding; the loss weights make the order immaterial
-        up to float summation order."""
-        o = self.cfg.optim
-        per, mini_per = o.prompts_per_step // self.par.shards, o.mini_batch_prompts // self.par.shards
-        mini = torch.tensor([minibatch_of(q, per, mini_per) for q in rows.question])
-        longest: dict[int, int] = {}
-        for t, n in zip(rows.tree, rows.attn.sum(1).tolist()):
-            longest[t] = max(longest.get(t, 0), n)
-        out = []
-        for b in range(int(mini.max()) + 1):
-            idx = torch.nonzero(mini == b).flatten().tolist()
-            idx = torch.tensor(sorted(idx, key=lambda r: (-longest[rows.tree[r]], rows.tree[r], r)), dtype=torch.long)
-            out.append([self._micro(rows, i) for i in idx.split(o.micro_batch_rows)])
-        return out
-
     def update(self, rows: Rows) -> dict[str, float]:
         """One PPO epoch over the mini-batches; returns the last mini-batch's stats."""
         o = self.cfg.optim
-        minis = self._micro_batches(rows)
+        minis = self.micro_batches(rows)
         flat = [mb for mini in minis for mb in mini]
         t0 = time.perf_counter()
         ref = iter(self._frozen_logprobs(flat, reference=True)) if o.kl_beta > 0 else None
@@ -413,33 +252,14 @@ class Trainer:
         flat = [t for ts in trees for t in ts]
         t1 = time.perf_counter()
         sc = leaf_rewards(flat, [q.golden_answers for q in questions], self.reward_fn, [q.question for q in questions])
-        mode = "chain" if self.cfg.tree.is_chain else o.advantage
-        adv = tree_grpo_parts(torch.tensor(sc["reward"], dtype=torch.float64), torch.tensor(sc["tree"]),
-                              torch.tensor(sc["prompt"]), mode=mode, eps=o.adv_eps, unbiased=o.adv_unbiased_std,
-                              singleton=o.adv_singleton)
-        row_adv = adv.total
-        if o.step_groups:  # chains only (Config checks): GiGPO's step groups added to the episode advantage
-            steps = step_group_advantages(torch.tensor(sc["reward"], dtype=torch.float64), sc["prompt"],
-                                          [chain_states(t) for t in flat], eps=o.adv_eps, unbiased=o.adv_unbiased_std,
-                                          singleton=o.adv_singleton)
-            row_adv = combine_step_advantages(adv.total, steps, o.step_groups)
+        adv, row_adv = leaf_advantages(sc, flat, o, self.cfg.tree.is_chain)
         stats = self.update(build_rows(flat, row_adv, self.pad_id))
         self.step_done += 1
         stats.update(rollout_s=t1 - t0, update_s=time.perf_counter() - t1 - stats["logprob_s"])
         if self.par.world > 1:
             sc, leds, adv, stats = gather_step(self.par, sc, leds, adv, stats)
         led = Ledger.total(leds).per(o.prompts_per_step)
-        return {"step": self.step_done, "reward": float(np.mean(sc["reward"])), "em": float(np.mean(sc["em"])),
-                "format_valid": float(np.mean(sc["valid"])), "tool_calls": led["tool_calls"],
-                "tool_calls_per_traj": float(np.mean(sc["calls"])), "generated": led["generated"],
-                "prefill": led["prefill_computed"], "prefill_saved": led["prefill_saved"],
-                "trajectories": led["trajectories"], "zero_std_intra": _zero_std_share(sc["reward"], sc["tree"]),
-                "zero_std_inter": _zero_std_share(sc["reward"], sc["prompt"]),
-                "adv_mean": float(adv.total.mean()), "adv_std": float(adv.total.std()),
-                "adv_intra_std": float(adv.intra.std()), "adv_inter_std": float(adv.inter.std()),
-                **{k: stats[k] for k in ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm", "lr",
-                                         "sync_maxdiff") if k in stats},
-                **{k: stats[k] for k in TIMERS}}
+        return step_metrics(self.step_done, sc, led, adv, stats)
 
     # ---- checkpoints --------------------------------------------------------------------------------
     @property

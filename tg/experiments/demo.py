@@ -21,12 +21,13 @@ from tg.agent.data import is_single_hop
 from tg.agent.policy import load_policy
 from tg.agent.tasks import make_reward
 from tg.agent.world import resolve
+from tg.batch import leaf_rewards
 from tg.config import Config
 from tg.engines.engine import HFEngine
 from tg.evaluate import EvalResult, result_row
 from tg.pipeline import Resources, build_run, evaluate_model, load_resources, method_name
 from tg.store.files import append_csv_rows
-from tg.trainer import leaf_rewards, sample_batch
+from tg.trainer import sample_batch
 
 PAIR = {"chain GRPO, G=4": dict(M=4, N=0, L=0), "Tree-GRPO (2,2,1)": dict(M=2, N=2, L=1)}
 

@@ -12,11 +12,12 @@ import numpy as np
 
 from tg.config import Config
 from tg.experiments.mini import Cell, Job, cell_config, regime_of
+from tg.metrics import TIMERS
 from tg.store.files import provenance
 
 
 STEPS_KEY = "_steps"
-"""A training row carries its run's per-step metrics (tg.trainer.METRICS) since the previous evaluation point
+"""A training row carries its run's per-step metrics (tg.metrics.METRICS) since the previous evaluation point
 under this key; the parent writes them to `steps_path` (what `tg mini rerun` compares step by step)."""
 
 
@@ -67,7 +68,6 @@ def outcome_vector(row: Any, part: str, column: str = "correct") -> np.ndarray:
 def _training_columns(metrics: list[dict]) -> dict:
     """Training-side means up to this point: reward (last 10 steps), the budget ledger per question, seconds
     (`train_s`: the step timers summed up to this point)."""
-    from tg.trainer import TIMERS
     if not metrics:
         return {}
     last = metrics[-10:]
@@ -113,7 +113,6 @@ def _job_rows(job: Job, root: Path) -> Iterator[dict]:
     else:
         from tg.pipeline import build_run, train_and_evaluate
         from tg.store.rundir import has_checkpoint, read_checkpoint
-        from tg.trainer import TIMERS
         run = build_run(cfg, root / "runs" / "mini" / job.experiment / f"{job.cell.name}-s{job.seed}".replace("/", "_"))
         resumed_at = read_checkpoint(run.trainer.run_dir, mmap=True).state["step"] if has_checkpoint(run.trainer.run_dir) else 0
         machines = _run_machines(run.trainer.run_dir, resumed_at > 0)

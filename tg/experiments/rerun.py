@@ -25,7 +25,7 @@ from tg.agent.data import DataError
 from tg.config import ConfigError
 from tg.experiments.mini import Cell, cell_config, experiments, grid_rows, mini_dir, steps_path
 from tg.experiments.runner import GRID_THREADS
-from tg.trainer import METRICS, TIMERS
+from tg.metrics import METRICS, TIMERS
 
 COMPARED_STEP = tuple(k for k in METRICS if k not in TIMERS and k != "step")
 """Per-step metrics compared: every one but the step number and the wall-clock timers."""

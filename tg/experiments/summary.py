@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from tg.experiments.mini import mini_dir, read_grid
+from tg.metrics import TIMERS
 
 
 def load_rows(name: str, root: str | Path | None = None) -> pd.DataFrame:
@@ -171,7 +172,6 @@ def cost_table(frames: Mapping[str, pd.DataFrame], steps: Mapping[str, pd.DataFr
     steps/<grid>.csv), and per run (median, range); then the workers' wall time for every row the grid made
     itself (`run_s`: loading, steps, checkpoint writes, evaluations; start, ledger and theory rows too). Machine
     kinds differ in speed, so each has its own line; the last line sums the worker time of every grid."""
-    from tg.trainer import TIMERS
     rows, steps = [], steps or {}
     total, unrecorded = 0.0, 0
     for name, df in frames.items():

@@ -68,7 +68,7 @@ def minibatch_of(position: int, per_shard: int, mini_per_shard: int) -> int:
 
 
 def merge_scores(parts: Sequence[dict[str, list]]) -> dict[str, list]:
-    """Per-rank `tg.trainer.leaf_rewards` outputs as one, in rank order; tree and prompt ids made global."""
+    """Per-rank `tg.batch.leaf_rewards` outputs as one, in rank order; tree and prompt ids made global."""
     out: dict[str, list] = {k: [] for k in parts[0]}
     trees = prompts = 0
     for part in parts:

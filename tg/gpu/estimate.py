@@ -24,7 +24,7 @@ on the GPU replace the throughput ones):
    87.86 GiB, a slope of 15.4 bytes per token and entry beside the layers' share; rounded up so the
    estimate stays an upper bound (24.0 and 91.0 GiB for those two). For Qwen2.5's 151,936-entry
    vocabulary this term dominates. The trainer runs the log-prob and entropy math at policy tokens only
-   (`tg.trainer.Trainer._micro`), so for its micro-batches the term is an upper bound.
+   (`tg.batch.micro_inputs`), so for its micro-batches the term is an upper bound.
 3. vLLM takes `gpu_memory_utilization` of the whole GPU for its weights (bf16, full model), its
    profiling activations (`VLLM_OVERHEAD`) and the KV cache (the rest).
 4. CUDA context and allocator slack: `CUDA_OVERHEAD` per process.

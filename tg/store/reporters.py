@@ -1,6 +1,6 @@
 """Training metrics for the ecosystem's viewers: `tg train --report-to tensorboard` (TRL's `report_to`).
 
-Each step's row of the metrics glossary (`tg.trainer.METRICS`) goes to RUN_DIR/tensorboard as scalars
+Each step's row of the metrics glossary (`tg.metrics.METRICS`) goes to RUN_DIR/tensorboard as scalars
 `train/<name>` at that step, beside RUN_DIR/metrics.jsonl (which stays the record the kit reads). View it with
 `tensorboard --logdir runs` (docs/cli.md#tensorboard).
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from tg.config import ConfigError
-from tg.trainer import METRICS
+from tg.metrics import METRICS
 
 REPORT_TO = ("none", "tensorboard")
 TENSORBOARD_DIR = "tensorboard"
