@@ -49,7 +49,7 @@ def test_a_user_error_is_one_line_and_debug_shows_the_traceback(argv, shown, cap
 
 
 @pytest.mark.parametrize("error", ["tg.agent.data:DataError", "tg.agent.server:RetrieverUnavailableError",
-                                   "tg.trainer:NonFiniteError", "tg.engines.vllm_engine:VLLMSetupError"])
+                                   "tg.trainer:NonFiniteError", "tg.engines.vllm_setup:VLLMSetupError"])
 def test_every_user_facing_error_class_is_caught(error, monkeypatch, capsys) -> None:
     from tg import commands
     module, name = error.split(":")

@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from tg.engines.vllm_engine import VLLMSetupError, import_vllm
+from tg.engines.vllm_setup import VLLMSetupError, import_vllm
 
 try:
     import_vllm()

@@ -36,6 +36,7 @@ with sits in six subpackages.
       engine.py     the Engine protocol and HFEngine (transformers), prefix-KV reuse
       kvcache.py    HFEngine's caches: growing K/V buffers, kept rows (PrefixStore), grouped attention
       vllm_engine.py  VLLMEngine: the same protocol on vLLM, synced with the trainer's weights each step
+                    (vllm_batch.py: its batch; vllm_setup.py: starting vLLM, VLLMSetupError)
     gpu/            the paper's scale: arithmetic, checks and several ranks
       estimate.py   memory and wall-time arithmetic of a run (pure); plan.py: `tg plan`
       preflight.py  the pre-flight checks; doctor.py: installed versions against the tested matrix

