@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-import tg.config
+import tg.config_groups
 import tg.tree
 from tg.agent.policy import load_policy
 from tg.agent.protocol import Action, Step, prompt_ids
@@ -277,7 +277,7 @@ def _chain_tree() -> Tree:
 
 
 def test_node_rules_are_one_registry_with_the_config_names():
-    assert list(tg.tree.NODE_RULES) == ["paper", "official", "entropy"] == list(tg.config.NODE_RULE_NAMES)
+    assert list(tg.tree.NODE_RULES) == ["paper", "official", "entropy"] == list(tg.config_groups.NODE_RULE_NAMES)
     assert tg.tree.NODE_RULES["entropy"] is tg.tree.entropy_nodes
     with pytest.raises(ValueError, match="'paper', 'official', 'entropy'; got 'deepest'"):
         choose_nodes(_chain_tree(), 2, "deepest", random.Random(0))

@@ -16,7 +16,8 @@ with sits in six subpackages.
                     row a step logs and its glossary; memory.py: its large tensors kept in the process when
                     freed (glibc), a speed-up that changes no number
     theory.py       Proposition 3.1 (intra-tree GRPO vs step-level DPO), checked numerically
-    config.py       one frozen config, presets, schedules, the one switch (TG_PRESET); config_values.py: parsing
+    config.py       one frozen config, presets, schedules, the one switch (TG_PRESET); config_groups.py: its
+                    groups, every field documented; config_values.py: parsing
     evaluate.py     greedy single-chain evaluation, EM / F1 per data source, Table-1-shaped result rows
     pipeline.py     from a config to a trained, evaluated run: the API the CLI, experiments and notebooks share
     cli.py          `tg ...`: argument parsing; commands.py: what each command does; __main__.py: `python -m tg`
