@@ -16,9 +16,9 @@ from tg.agent import warmup
 from tg.agent.data import Question
 from tg.agent.policy import build_tiny_policy, load_policy
 from tg.agent.protocol import format_observation, prompt_ids
-from tg.agent.warmup import (PINNED, PINNED_DIR, PolicyError, batches, build_warmup, collate, demonstration,
-                             lr_factor, machine, masked_lm_loss, name_groups, pick_demonstrations, rename,
-                             renaming_tables, script, sha256_of, short_prompt_ids, warmed_up_policy, warmup_dir)
+from tg.agent.sft import (batches, collate, demonstration, lr_factor, masked_lm_loss, name_groups,
+                          pick_demonstrations, rename, renaming_tables, script, short_prompt_ids)
+from tg.agent.warmup import PINNED, PINNED_DIR, PolicyError, build_warmup, machine, sha256_of, warmed_up_policy, warmup_dir
 from tg.agent.world import MULTI, SINGLE, load_world
 from tg.config import Config, WarmupConfig, load_config
 from tg.engines.engine import HFEngine

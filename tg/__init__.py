@@ -33,6 +33,7 @@ with sits in six subpackages.
       retrieval.py  BM25 over a JSONL corpus, cached; server.py: the same served and queried over HTTP
       policy.py     the tiny Qwen2-class policy and tokenizer; finetune.py: full / LoRA / QLoRA training
       warmup.py     the warmed-up starting policy, pinned in tg/policies (package data, sha256 checked)
+      sft.py        its training: scripted demonstrations, renamed worlds, the masked LM loss
     engines/        step generation (token ids in, token ids out)
       engine.py     the Engine protocol and HFEngine (transformers), prefix-KV reuse
       kvcache.py    HFEngine's caches: growing K/V buffers, kept rows (PrefixStore), grouped attention

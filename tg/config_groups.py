@@ -118,14 +118,14 @@ class WarmupConfig:
     early_stop_share: float = 0.5
     """Share of multi-hop demonstrations that stop one hop early and answer the intermediate entity."""
     steps: int = 700
-    """Optimiser steps (copying names out of documents appears after ~250-450 of them, see tg/agent/warmup.py)."""
+    """Optimiser steps (copying names out of documents appears after ~250-450 of them, see tg/agent/sft.py)."""
     batch_size: int = 32
     """Demonstrations per step."""
     lr: float = 3e-3
     """AdamW learning rate (6e-3 delayed copying past 500 steps in one measured run)."""
     observation_loss: bool = True
     """Also fit the observation (document) tokens, as pretraining would: copying is learnt sooner and
-    more reliably (tg/agent/warmup.py). RL always masks observations."""
+    more reliably (tg/agent/sft.py). RL always masks observations."""
     seed: int = 0
     """Seed of the demonstrations and initial weights."""
 

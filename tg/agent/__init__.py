@@ -7,4 +7,5 @@
     retrieval.py  BM25 over a JSONL corpus, cached; server.py: the same over HTTP (`tg retriever serve`)
     policy.py     the tiny Qwen2-class policy and its tokenizer; finetune.py: full / LoRA / QLoRA training
     warmup.py     the warmed-up starting policy (pinned in tg/policies, sha256 checked)
+    sft.py        its training: scripted demonstrations, renamed worlds, the masked LM loss
 """
