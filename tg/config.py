@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from tg.config_groups import (AgentConfig, DataConfig, EvalConfig, ModelConfig, OptimConfig, TreeConfig,
+from tg.config_groups import (SMOL_NAME, AgentConfig, DataConfig, EvalConfig, ModelConfig, OptimConfig, TreeConfig,
                               WarmupConfig)
 from tg.config_values import ConfigError, check_types, field_types, parse_value
 from tg.config_values import check as _check
@@ -156,12 +156,29 @@ def _paper(setting: str, model: str = "Qwen/Qwen2.5-1.5B") -> dict[str, Any]:
     )
 
 
+def _smol() -> dict[str, Any]:
+    """The paper recipe's code path on a laptop CPU: SmolLM2-135M-Instruct (a pretrained Llama-class instruct model,
+    tg.agent.smol) with its BPE tokenizer and ChatML template, the paper's prompt, LoRA, the HF engine, in the
+    synthetic world. A short LoRA warm-up teaches it the protocol first (its zero-shot trajectories are never
+    well-formed). Sizes are the cpu preset's cut to what a 135M model's step costs on 2 cores (docs/gpu.md#smol)."""
+    return dict(
+        model=ModelConfig(name_or_path=SMOL_NAME, finetune="lora", lora_r=16, lora_alpha=32),
+        warmup=WarmupConfig(n_demos=240, multi_hop_share=0.6, early_stop_share=0.3, steps=60, batch_size=4, lr=1e-3,
+                            observation_loss=False),
+        agent=AgentConfig(max_step_tokens=128),
+        optim=OptimConfig(steps=16, prompts_per_step=4, mini_batch_prompts=4, micro_batch_rows=6, lr=1e-4,
+                          checkpoint_every=5),
+        eval=EvalConfig(n_single=50, n_multi=50, batch_size=50),
+    )
+
+
 TABLE1_MODELS: dict[str, str] = {"1.5b": "Qwen/Qwen2.5-1.5B", "3b": "Qwen/Qwen2.5-3B", "llama-3b": "meta-llama/Llama-3.2-3B",
                                   "7b": "Qwen/Qwen2.5-7B", "14b": "Qwen/Qwen2.5-14B"}
 """The paper's Table 1 models by preset tag (paper-TAG-single-hop / paper-TAG-multi-hop)."""
 
 PRESETS: dict[str, dict[str, Any]] = {
     "cpu": {},
+    "smol": _smol(),
     **{f"paper-{tag}-{setting}": _paper(setting, model) for tag, model in TABLE1_MODELS.items()
        for setting in ("single-hop", "multi-hop")},
 }

@@ -13,13 +13,17 @@ from tg.config_values import check as _check
 NODE_RULE_NAMES = ("paper", "official", "entropy")
 """The values of `tree.node_rule`: the keys of `tg.tree.NODE_RULES` (named here so the config imports no torch)."""
 
+SMOL_NAME = "smollm2-135m-instruct"
+"""`model.name_or_path` of the smol preset: SmolLM2-135M-Instruct from its package (tg.agent.smol), never a hub id."""
+
 
 @dataclass(frozen=True)
 class ModelConfig:
     """The policy: which weights, which precision, which parameters are trained."""
 
     name_or_path: str = "tiny"
-    """'tiny' builds a toy Qwen2ForCausalLM + local tokenizer; else a hub id or a local directory."""
+    """'tiny' builds a toy Qwen2ForCausalLM + local tokenizer; 'smollm2-135m-instruct' is SmolLM2-135M-Instruct
+    from its package (tg.agent.smol); else a hub id or a local directory."""
     hidden_size: int = 128
     """Tiny model only: hidden width (Qwen2Config.hidden_size)."""
     num_layers: int = 4

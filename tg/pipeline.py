@@ -24,6 +24,7 @@ from tg.agent.server import HTTPRetriever
 from tg.agent.tasks import make_env, task_questions
 from tg.agent.world import MULTI, SINGLE, ensure_world, resolve
 from tg.config import Config, ConfigError, DataConfig, ModelConfig
+from tg.config_groups import SMOL_NAME
 from tg.engines.engine import Engine, HFEngine
 from tg.evaluate import EvalResult, evaluate
 from tg.gpu.distributed import Parallel
@@ -108,6 +109,9 @@ def warmup_config(cfg: Config) -> Config:
 
 
 def _policy_path(cfg: Config) -> str:
+    if cfg.model.name_or_path == SMOL_NAME:
+        from tg.agent.smol import smol_policy
+        return str(smol_policy(warmup_config(cfg)))
     if cfg.model.name_or_path != "tiny":
         return cfg.model.name_or_path
     if not cfg.warmup.enabled:

@@ -24,7 +24,7 @@ import re
 from typing import Any, Callable, Sequence
 
 from tg.agent.data import Question
-from tg.agent.env import encode_observation, episode_ends, generated_step
+from tg.agent.env import encode_observation, episode_ends, generated_step, step_text
 from tg.agent.protocol import Action, Step, parse_action, user_turn_ids
 from tg.engines.engine import GenOut
 from tg.reward import extract_answer, is_valid_format
@@ -152,7 +152,7 @@ class CalculatorEnv:
         """One `Step` per generated step; `turns[i]` = steps already taken before this one."""
         steps = []
         for o, turn in zip(outs, turns):
-            text = self.tokenizer.decode(o.ids, skip_special_tokens=False)
+            text = step_text(self.tokenizer, o)
             action = parse_action(text)
             end = episode_ends(action, o, turn, self.max_turns)
             if end:

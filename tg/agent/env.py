@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, Sequence
 
-from tg.agent.protocol import INVALID_ACTION, Action, Step, format_observation, parse_action, prompt_ids
+from tg.agent.protocol import INVALID_ACTION, Action, Step, cut_after_stop, format_observation, parse_action, prompt_ids
 from tg.engines.engine import GenOut
 
 
@@ -82,6 +82,11 @@ def episode_ends(action: Action, out: GenOut, turn: int, max_turns: int) -> bool
     return action.kind == "answer" or out.finish == "eos" or turn >= max_turns
 
 
+def step_text(tokenizer: Any, out: GenOut) -> str:
+    """A generated step's text for parsing, scoring and display: its ids decoded, cut after the stop string."""
+    return cut_after_stop(tokenizer.decode(out.ids, skip_special_tokens=False))
+
+
 def generated_step(out: GenOut, text: str, action: Action, obs_ids: Sequence[int], ends_episode: bool,
                    docs: Sequence[str] = ()) -> Step:
     """The `Step` of one generated step: what the engine reported (ids exactly as sampled, finish, log-probs,
@@ -111,7 +116,7 @@ class SearchEnv:
 
     def observe(self, outs: Sequence[GenOut], turns: Sequence[int]) -> list[Step]:
         """One `Step` per generated step; `turns[i]` = steps already taken before this one."""
-        texts = [self.tokenizer.decode(o.ids, skip_special_tokens=False) for o in outs]
+        texts = [step_text(self.tokenizer, o) for o in outs]
         actions = [parse_action(t) for t in texts]
         ends = [episode_ends(a, o, t, self.max_turns) for a, o, t in zip(actions, outs, turns)]
         search = [i for i, (a, e) in enumerate(zip(actions, ends)) if a.kind == "search" and not e]

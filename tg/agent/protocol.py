@@ -32,6 +32,24 @@ INVALID_ACTION = (
 STOP_STRINGS = ("</search>", "</answer>")
 """A step ends when the policy closes one of these (or at EOS / the per-step token cap)."""
 
+
+
+def cut_after_stop(text: str) -> str:
+    """A step's decoded text up to the end of its first stop string (all of it without one).
+
+    A BPE token can run past a stop string (SmolLM2 samples `</answer>.` as `</`, `answer`, `>.`): the step's
+    ids keep that whole token, as sampled, while the text that is parsed and scored ends at the tag, as vLLM's
+    stop strings cut the text they return. Without the cut the '.' after the tag fails the format check.
+
+    >>> cut_after_stop("<answer> Borv </answer>.")
+    '<answer> Borv </answer>'
+    >>> cut_after_stop("no tag yet")
+    'no tag yet'
+    """
+    ends = [text.index(s) + len(s) for s in STOP_STRINGS if s in text]
+    return text[:min(ends)] if ends else text
+
+
 PROTOCOL_TAGS = ("<think>", "</think>", "<search>", "</search>", "<answer>", "</answer>",
                  "<information>", "</information>")
 

@@ -40,10 +40,12 @@ class Outputs(NamedTuple):
     runs: Path
 
 
-def outputs(root: str | Path | None = None) -> Outputs:
-    """The demo's files under `root`, laid out as in a checkout (results/, figures/, runs/); default runs/demo/."""
+def outputs(root: str | Path | None = None, preset: str = "cpu") -> Outputs:
+    """The demo's files under `root`, laid out as in a checkout (results/, figures/, runs/); default runs/demo/.
+    Another preset's demo writes files of its own (results/demo_smol.csv, figures/demo_smol_chain_vs_tree.png)."""
     base = Path(root) if root else resolve("runs") / "demo"
-    return Outputs(base / "results" / "demo.csv", base / "figures" / "demo_chain_vs_tree.png", base / "runs")
+    tag = "" if preset == "cpu" else f"_{preset}"
+    return Outputs(base / "results" / f"demo{tag}.csv", base / "figures" / f"demo{tag}_chain_vs_tree.png", base / "runs")
 
 
 def _multi_hop_calls(result: EvalResult) -> float:
@@ -131,7 +133,7 @@ def _train_pair(cfg: Config, jobs: list[tuple[str, Config, Path]]) -> dict[str, 
 def run_demo(cfg: Config, root: str | Path | None = None) -> dict[str, dict]:
     """Train both methods for cfg.optim.steps steps and compare them; returns the table rows. Runs, rows and the
     figure go under `root` (`outputs`; default runs/demo/): runs/, results/demo.csv, figures/demo_chain_vs_tree.png."""
-    out = outputs(root)
+    out = outputs(root, cfg.preset)
     summaries = {}
     res = load_resources(cfg)
     model, tok = load_policy(res.policy_path)

@@ -1,0 +1,81 @@
+"""A whole rollout against transformers' batched `generate` on a real model (the smol preset's SmolLM2-135M start).
+
+Decoding alone is not the cost of a step: a rollout also prefills observations between turns, opens branches from
+their parents' caches and keeps its bookkeeping. This bench times, interleaved and side by side, (a) the trainer's
+rollout of `--questions` training questions at the preset's tree shape (or chains with `--chain`) and (b)
+`model.generate` with as many rows as that rollout has trajectories, each forced to the rollout's mean policy
+tokens per trajectory, from the same prompts, at the same temperature and top-p. Policy tokens per second of
+(a) over (b) is the ratio the kit's rollout keeps of plain decoding.
+
+    .venv/bin/python bench/rollout_vs_generate.py [--questions 8] [--reps 3] [--threads 2] [--write bench/README.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from _blocks import write_section
+
+from tg.budget import Ledger
+from tg.config import load_config
+from tg.pipeline import build_run
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--questions", type=int, default=8)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--preset", default="smol")
+    ap.add_argument("--write", default=None, help="replace the rollout_vs_generate section of this markdown file")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    lines = [f"`bench/rollout_vs_generate.py --questions {args.questions} --reps {args.reps} --threads "
+             f"{args.threads}`: medians of {args.reps} repetitions, interleaved; the {args.preset} preset's start.", "",
+             "| rollout | trajectories | policy tokens | rollout s | rollout tok/s | generate s | generate tok/s | "
+             "rollout / generate |", "|---" * 8 + "|"]
+    for shape in (dict(M=4, N=0, L=0), dict(M=2, N=2, L=1)):
+        cfg = load_config(args.preset).replace(tree=shape, optim=dict(prompts_per_step=args.questions,
+                                                                      mini_batch_prompts=args.questions))
+        tr = build_run(cfg, tempfile.mkdtemp(prefix="tg-bench-")).trainer
+        questions = tr.batch_questions(0)
+        times: dict[str, list[float]] = {"rollout": [], "generate": []}
+        tokens = rows = 0
+        for rep in range(args.reps):
+            t0 = time.perf_counter()
+            trees, leds = tr.rollout(questions, rep)
+            times["rollout"].append(time.perf_counter() - t0)
+            led = Ledger.total(leds)
+            tokens, rows = led.generated, led.trajectories
+            per_row = max(1, round(tokens / rows))
+            prompts = [tr.env.prompt_ids(questions[t.question].question) for ts in trees for t in ts
+                       for _ in t.leaves()]
+            width = max(map(len, prompts))
+            ids = torch.tensor([[tr.pad_id] * (width - len(p)) + p for p in prompts])  # left-padded
+            attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                tr.policy.model.generate(input_ids=ids, attention_mask=attn, do_sample=True, temperature=1.0,
+                                         top_p=cfg.agent.top_p, max_new_tokens=per_row, min_new_tokens=per_row,
+                                         pad_token_id=tr.pad_id)
+            times["generate"].append(time.perf_counter() - t0)
+            times.setdefault("generate_tokens", []).append(per_row * len(prompts))
+            times.setdefault("rollout_tokens", []).append(tokens)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        r_tps, g_tps = med["rollout_tokens"] / med["rollout"], med["generate_tokens"] / med["generate"]
+        name = "chain G=4" if shape["N"] == 0 else "tree (2,2,1)"
+        lines.append(f"| {name} | {rows} | {tokens} | {med['rollout']:.1f} | {r_tps:.0f} | {med['generate']:.1f} | "
+                     f"{g_tps:.0f} | {r_tps / g_tps:.2f}x |")
+        print(lines[-1], flush=True)
+    print("\n".join(lines))
+    if args.write:
+        write_section(Path(args.write), "rollout_vs_generate", "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
