@@ -23,6 +23,13 @@ def write_section(path: Path, name: str, table: str) -> None:
     path.write_text(text)
 
 
+def publish(lines: Sequence[str], path: str | None, name: str) -> None:
+    """Print a bench's table and, with `--write PATH`, replace its block `name` in that markdown file."""
+    print("\n".join(lines))
+    if path:
+        write_section(Path(path), name, "\n".join(lines))
+
+
 def step_medians(rows: Sequence[dict]) -> dict[str, float]:
     """Medians over training steps' metric rows of each of the trainer's timers and of their sum (`step_s`)."""
     med = {p: statistics.median(r[p] for r in rows) for p in TIMERS}

@@ -16,10 +16,9 @@ import argparse
 import statistics
 import tempfile
 import time
-from pathlib import Path
 
 import torch
-from _blocks import write_section
+from _blocks import publish
 
 from tg.budget import Ledger
 from tg.config import load_config
@@ -72,9 +71,7 @@ def main() -> None:
         lines.append(f"| {name} | {rows} | {tokens} | {med['rollout']:.1f} | {r_tps:.0f} | {med['generate']:.1f} | "
                      f"{g_tps:.0f} | {r_tps / g_tps:.2f}x |")
         print(lines[-1], flush=True)
-    print("\n".join(lines))
-    if args.write:
-        write_section(Path(args.write), "rollout_vs_generate", "\n".join(lines))
+    publish(lines, args.write, "rollout_vs_generate")
 
 
 if __name__ == "__main__":

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
-from _blocks import write_section
+from _blocks import publish
 
 from tg.agent.policy import load_policy
 from tg.agent.tasks import make_reward
@@ -51,9 +50,7 @@ def main() -> None:
                          f"{np.mean([c > 0 for c in sc['calls']]):.0%} | {np.mean(sc['em']):.2f} | "
                          f"{time.perf_counter() - t0:.0f} |")
             print(lines[-1], flush=True)
-    print("\n".join(lines))
-    if args.write:
-        write_section(Path(args.write), "smol_start", "\n".join(lines))
+    publish(lines, args.write, "smol_start")
 
 
 if __name__ == "__main__":

@@ -17,10 +17,8 @@ import argparse
 import statistics
 import tempfile
 
-from pathlib import Path
-
 import torch
-from _blocks import step_medians, timer_table, write_section
+from _blocks import publish, step_medians, timer_table
 
 from tg.config import load_config
 from tg.pipeline import build_run
@@ -55,9 +53,7 @@ def main() -> None:
              "| generated tokens / q | " + " | ".join(f"{m['generated']:.0f}" for m in medians.values()) + " | "
              + " | ".join(f"{m['generated'] / medians['chain G=4']['generated']:.2f}x" for n, m in medians.items()
                           if n != "chain G=4") + " |"]
-    print("\n".join(lines))
-    if args.write:
-        write_section(Path(args.write), section, "\n".join(lines))
+    publish(lines, args.write, section)
 
 
 if __name__ == "__main__":

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-from pathlib import Path
 
 import torch
-from _blocks import write_section
+from _blocks import publish
 
 from tg.agent.protocol import STOP_STRINGS
 from tg.batch import build_rows
@@ -61,9 +60,7 @@ def main() -> None:
              "| trajectories | policy tokens | tokens changed | max abs log-prob difference | responses that "
              "re-encoding would change | steps whose last token runs past the stop string |", "|---" * 6 + "|",
              f"| {len(trajs)} | {policy} | {changed} | {diff:.1e} | {retokenized} of {len(trajs)} | {past_stop} |"]
-    print("\n".join(lines))
-    if args.write:
-        write_section(Path(args.write), "token_drift", "\n".join(lines))
+    publish(lines, args.write, "token_drift")
 
 
 if __name__ == "__main__":
