@@ -1,15 +1,21 @@
 """tg.integrations.verl against tg and against verl 0.9.1 itself (run in .venv-verl: `make test-verl`).
 
-In .venv (no verl) the whole file skips. What runs here on CPU: the estimator through verl's registry and
+In .venv (no verl) the whole file skips. What runs here on CPU: docs/verl.md's launch commands composed by
+verl's own Hydra config and checked by its `validate_config`; the estimator through verl's registry and
 verl's own `compute_advantage` dispatch; the tree index; `grow_tree`; `TreeAgentLoop.run` on a scripted
-rollout server with the kit's tokenizer and calculator; the worker hook's storage with TransferQueue's put
-replaced by a recorder. verl's Ray cluster, rollout servers and trainer need GPUs and do not run here.
+rollout server with the kit's tokenizer and calculator; verl's own agent-loop worker (`_run_prompt`), its
+padding and its multi-trajectory advantage on an in-memory stand-in for TransferQueue, through a failed tree
+and padding rows. verl's Ray cluster, rollout servers and trainer loop need GPUs and do not run here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import pathlib
 import random
+import re
+import shlex
 
 import numpy as np
 import pytest
@@ -94,10 +100,24 @@ def test_verl_compute_advantage_dispatches_to_tree_grpo():
 
 
 def test_parse_tree_index_codes_and_errors():
-    p, t = V.parse_tree_index(["x|y|0", "x|y|1", "z|0", "x|y|0"])
-    assert p.tolist() == [0, 0, 1, 0] and t.tolist() == [0, 1, 2, 0]    # split at the last '|'
-    with pytest.raises(ValueError, match="'plain-uid' is not 'prompt_uid|tree_id'"):
+    p, t, in_tree = V.parse_tree_index(["x|y|0", "x|y|1", "z|0", "x|y|0", "pad0a", "pad0a", "x"])
+    assert p.tolist() == [0, 0, 1, 0, 2, 2, 3] and t.tolist() == [0, 1, 2, 0, 3, 3, 4]  # split at the last '|'
+    assert in_tree.tolist() == [True] * 4 + [False] * 3                # a uid without '|': a group of its own
+    with pytest.raises(ValueError, match="'plain-uid' is not 'prompt_uid|tree_id'|run the tree rollout"):
         V.parse_tree_index(["plain-uid"])
+
+
+def test_padding_rows_get_zero_advantage_and_leave_the_trees_alone():
+    """verl pads with rows whose uid is 'pad<hex>' (and a partly stored tree leaves plain uids): they get 0,
+    and the trees' leaves get what they get without them."""
+    rng = random.Random(3)
+    rows = _forest(rng, n_prompts=2, M=2, leaves=[3])
+    rewards, mask = _token_level(rows + [("pad", 0, 0.0)] * 3 + [("uid-0", None, 1.0)] * 2, rng)
+    index = [V.tree_index(p, t) for p, t, _ in rows] + ["pad7f"] * 3 + ["uid-0"] * 2
+    adv, _ = V.compute_tree_grpo_advantage(rewards, mask, np.array(index, dtype=object))
+    alone, _ = V.compute_tree_grpo_advantage(rewards[:len(rows)], mask[:len(rows)], np.array(index[:len(rows)]))
+    assert torch.equal(adv[len(rows):], torch.zeros(5, T)) and torch.equal(adv[:len(rows)], alone)
+    assert alone.abs().sum() > 0
 
 
 @pytest.mark.parametrize("config, field", [({"tree_grpo": {"mode": "both"}}, "mode"),
@@ -155,7 +175,8 @@ def tokenizer():
 def test_tree_agent_loop_runs_on_a_scripted_server(tokenizer):
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap
 
-    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"prompt_length": 256, "response_length": 128}},
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "vllm", "prompt_length": 256,
+                                                                 "response_length": 128}},
                                "algorithm": {"tree_grpo": {"env": "calculator", "N": 2, "L": 1, "max_turns": 3}}})
     server = ScriptedServer(tokenizer, ["<search> 2 + 3 </search>", "<search> 5 + 1 </search>",
                                         "<answer> 6 </answer>"])
@@ -196,9 +217,8 @@ def test_worker_hook_stores_each_leaf_with_its_tree_index(monkeypatch, validate)
                               extra_fields={"tree_leaf": j}) for j in (5, 7, 3)]
     worker = object.__new__(V.TreeAgentLoopWorker)
     asyncio.run(worker._agent_loop_postprocess(leaves, validate, uid="u", session_id=1))
-    if validate:
-        assert [(o.extra_fields["tree_leaf"], s) for o, _, s in stored] == [(3, 3)]
-        assert puts == [(["u_3_0"], ["u|1"], "val")]
+    if validate:   # one chain, stored as verl stores a session: its own uid, no rewrite
+        assert [(len(o), u, s) for o, u, s in stored] == [(3, "u", 1)] and puts == []
     else:
         assert [s for _, _, s in stored] == [3, 4, 5] and {u for _, u, _ in stored} == {"u"}
         assert puts == [(["u_3_0", "u_4_0", "u_5_0"], ["u|1"] * 3, "train")]
@@ -210,3 +230,76 @@ def test_doctor_reports_verl():
     from tg.gpu.doctor import installed_versions
 
     assert installed_versions()["verl"] == verl.__version__ == "0.9.1"
+
+
+DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs" / "verl.md"
+
+
+def _fenced(section: str, lang: str = "bash") -> str:
+    """The first fenced block under docs/verl.md's heading `section`."""
+    text = DOCS.read_text()
+    body = text[text.index(f"# {section}\n"):]
+    return re.search(rf"```{lang}\n(.*?)```", body, re.S).group(1)
+
+
+def _overrides(block: str) -> list[str]:
+    """A shell block's Hydra overrides: line continuations joined, the launcher dropped, $VARS expanded."""
+    args = shlex.split(block.replace("\\\n", " "))
+    if "verl.trainer.main_ppo" in args:
+        args = args[args.index("verl.trainer.main_ppo") + 1:]
+    return [os.path.expandvars(a) for a in args]
+
+
+def _compose(overrides: list[str]):
+    """verl's own `ppo_trainer` config with `overrides`, as `python -m verl.trainer.main_ppo` composes it."""
+    import verl
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(pathlib.Path(verl.__file__).parent / "trainer" / "config"),
+                               version_base=None):
+        return compose("ppo_trainer", overrides=overrides)
+
+
+def _validate(config) -> None:
+    """What `verl.trainer.main_ppo.main` checks before it starts Ray, then what the tree pieces check."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.trainer.ppo.v1 import get_trainer_cls
+    from verl.utils.config import validate_config
+
+    validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    opts = V.tree_options(config.algorithm)
+    V.check_engine(config.actor_rollout_ref.rollout.name)
+    assert get_adv_estimator_fn(config.algorithm.adv_estimator) is V.compute_tree_grpo_advantage
+    assert get_trainer_cls(config.trainer.v1.trainer_mode) is V.TreeTrainer
+    hook = config.ray_kwargs.ray_init.runtime_env.worker_process_setup_hook
+    module, name = hook.rsplit(".", 1)
+    assert getattr(__import__(module, fromlist=[name]), name) is V.setup_worker
+    manager = config.actor_rollout_ref.rollout.agent.agent_loop_manager_class
+    assert manager == f"{V.__name__}.TreeAgentLoopManager"
+    assert config.actor_rollout_ref.rollout.agent.default_agent_loop == V.AGENT_LOOP
+    assert config.data.max_response_length == V.response_budget(opts)       # no leaf is cut (rule 3)
+
+
+def test_documented_command_passes_verl_validate_config():
+    config = _compose(_overrides(_fenced("One node, 8 GPUs")))
+    _validate(config)
+    assert (config.trainer.nnodes, config.trainer.n_gpus_per_node) == (1, 8)
+
+
+def test_documented_multi_node_command_passes_verl_validate_config():
+    config = _compose(_overrides(_fenced("One node, 8 GPUs")) + _overrides(_fenced("Several nodes")))
+    _validate(config)
+    assert config.trainer.nnodes == 2
+    assert "RETRIEVER_HOST" in config.algorithm.tree_grpo.retriever_url
+
+
+def test_documented_short_snippet_composes():
+    snippet = [line.split("#")[0].strip() for line in _fenced("Tree-GRPO in verl", lang="").splitlines()]
+    config = _compose([line for line in snippet if line])
+    assert config.algorithm.adv_estimator == V.ESTIMATOR and config.trainer.v1.trainer_mode == V.TRAINER
+
+
+def test_documented_gpu_install_brings_what_the_kit_imports():
+    """The GPU install line names verl's extra and every package the integration imports beyond verl."""
+    line = next(x for x in _fenced("Install").splitlines() if "verl[vllm]" in x)
+    assert "bm25s" in line.split() and "--no-deps" in _fenced("Install")
