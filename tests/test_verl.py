@@ -154,7 +154,8 @@ def test_grow_tree_initializes_then_expands():
 
 
 class ScriptedServer:
-    """A verl rollout server stand-in: `generate` answers from a script by the number of tool results so far."""
+    """A verl rollout server stand-in: `generate` answers from a script by the number of tool results so far,
+    cut at the request's max_tokens."""
 
     def __init__(self, tokenizer, script):
         self.tokenizer, self.script, self.calls = tokenizer, script, []
@@ -164,7 +165,8 @@ class ScriptedServer:
 
         self.calls.append((request_id, list(prompt_ids), dict(sampling_params)))
         turn = self.tokenizer.decode(prompt_ids).count("</information>")
-        return TokenOutput(token_ids=self.tokenizer.encode(self.script[turn], add_special_tokens=False))
+        ids = self.tokenizer.encode(self.script[turn], add_special_tokens=False)
+        return TokenOutput(token_ids=ids[:sampling_params["max_tokens"]])                 # a server keeps the cap
 
 
 @pytest.fixture(scope="module")
@@ -303,3 +305,141 @@ def test_documented_gpu_install_brings_what_the_kit_imports():
     """The GPU install line names verl's extra and every package the integration imports beyond verl."""
     line = next(x for x in _fenced("Install").splitlines() if "verl[vllm]" in x)
     assert "bm25s" in line.split() and "--no-deps" in _fenced("Install")
+
+
+class MemoryTQ:
+    """TransferQueue's key-value calls that verl's worker and padding make, on a dict (no Ray): key -> fields,
+    key -> tag, per partition."""
+
+    def __init__(self):
+        self.fields, self.tags = {}, {}
+
+    def kv_batch_put(self, keys, partition_id, fields=None, tags=None):
+        rows = [{} if fields is None else {k: getattr(v, "data", v) for k, v in fields[i].items()} for i in range(len(keys))]
+        for i, key in enumerate(keys):
+            self.fields.setdefault((partition_id, key), {}).update(rows[i])
+            self.tags.setdefault((partition_id, key), {}).update(tags[i] if tags else {})
+
+    async def async_kv_batch_put(self, keys, partition_id, fields=None, tags=None):
+        self.kv_batch_put(keys, partition_id, fields, tags)
+
+    async def async_kv_put(self, key, partition_id, tag):
+        self.kv_batch_put([key], partition_id, tags=[tag])
+
+    def kv_batch_get(self, keys, partition_id, select_fields=None):
+        return [self.fields[(partition_id, k)] for k in keys]
+
+    def trajectories(self, partition_id="train"):
+        return sorted(k for p, k in self.fields if p == partition_id and "_" in k)
+
+
+class FailingServer(ScriptedServer):
+    """The scripted server, failing every call of the first tree of prompts that hold `fail_on` (a timeout)."""
+
+    def __init__(self, tokenizer, script, fail_on):
+        super().__init__(tokenizer, script)
+        self.fail_on, self.failed = fail_on, None
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        if self.fail_on in self.tokenizer.decode(prompt_ids) and self.failed in (None, request_id):
+            self.failed = request_id
+            raise TimeoutError("retriever timed out")
+        out = await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params)
+        out.token_ids = out.token_ids if len(self.calls) % 3 else self.tokenizer.encode("<answer> 5 </answer>")
+        return out
+
+
+def _worker(monkeypatch, tokenizer, server, store, response_length=128):
+    """verl's TransferQueue agent-loop worker class (ours), its state set as its __init__ would on one node."""
+    from verl.trainer.ppo.v1 import agent_loop_tq
+
+    monkeypatch.setattr(agent_loop_tq, "tq", store)
+    monkeypatch.setattr(V, "tq", store)
+    worker = object.__new__(V.TreeAgentLoopWorker)
+    worker.config = OmegaConf.create({
+        "actor_rollout_ref": {"rollout": {"name": "vllm", "n": 2, "prompt_length": 256,
+                                          "response_length": response_length, "val_kwargs": {"n": 1}}},
+        "algorithm": {"tree_grpo": {"env": "calculator", "N": 2, "L": 1, "max_turns": 3}}, "data": {}})
+    worker.llm_client, worker.tokenizer, worker.processor, worker.hf_model_type = server, tokenizer, None, None
+    worker.dataset_cls, worker.tools, worker.reward_loop_worker_handles, worker.distillation_enabled = None, [], None, False
+    return worker
+
+
+def _run_prompts(worker, questions, validate=False):
+    async def run():
+        for i, q in enumerate(questions):
+            prompt = {"uid": f"p{i}", "raw_prompt": [{"role": "user", "content": q}], "agent_name": V.AGENT_LOOP,
+                      "global_steps": 1}
+            trajectory = {"validate": validate, "step": 1, "sample_index": i, "rollout_n": 0}
+            await worker._run_prompt(prompt, {"temperature": 1.0}, trajectory=trajectory)
+    asyncio.run(run())
+
+
+def test_verl_worker_padding_and_advantage_through_a_failed_tree(monkeypatch, tokenizer):
+    """verl's own `_run_prompt` (M = 2 trees of 3 leaves per prompt) with one tree failing, verl's own padding to
+    a multiple of 12 rows and its multi-trajectory advantage: the failed tree is dropped (its prompt's other tree
+    kept, rule 2), the padding rows get 0, every other row gets `tg.advantage.tree_grpo` of the leaves stored,
+    and the step's counts say so."""
+    from transfer_queue import KVBatchMeta
+    from verl.protocol import DataProto
+    from verl.trainer.ppo import padding_utils
+    from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
+
+    store = MemoryTQ()
+    server = FailingServer(tokenizer, ["<search> 2 + 3 </search>", "<answer> 6 </answer>"], fail_on="5 + 6")
+    _run_prompts(_worker(monkeypatch, tokenizer, server, store), ["2 + 3 ok", "5 + 6 ok"])
+    keys = store.trajectories()
+    assert len(keys) == 9 and store.tags[("train", "p0")]["status"] == "finished"      # 12 leaves less one tree
+    assert store.tags[("train", "p1")]["status"] == "failure"
+
+    monkeypatch.setattr(padding_utils, "tq", store)
+    batch = KVBatchMeta(keys=keys, tags=[store.tags[("train", k)] for k in keys], partition_id="train")
+    batch = padding_utils.upsample_batch_to_divisible_size(batch, 12, eos_token_id=0)
+    rows = store.kv_batch_get(batch.keys, "train")
+    uids = [r["uid"] for r in rows]
+    assert len(uids) == 12 and sum(u.startswith("pad") for u in uids) == 3
+
+    mask = torch.nn.utils.rnn.pad_sequence([r["response_mask"].float() for r in rows], batch_first=True)  # [12, T]
+    score = torch.tensor([float("<answer> 6" in tokenizer.decode(r["responses"].tolist())) for r in rows])
+    last = (mask.cumsum(-1) == mask.sum(-1, keepdim=True)) & (mask > 0)
+    rewards = torch.where(last, score[:, None], torch.zeros_like(mask)) * (~torch.tensor(
+        [u.startswith("pad") for u in uids]))[:, None]
+    data = DataProto.from_dict(tensors={"token_level_rewards": rewards, "response_mask": mask},
+                               non_tensors={"uid": np.array(uids, dtype=object)})
+    out = compute_advantage_for_multi_trajectories(data, batch_keys=batch.keys, adv_estimator=V.ESTIMATOR, num_repeat=2,
+                                                   config=OmegaConf.create({"tree_grpo": {"mode": "intra+inter"}}))
+    adv = out.batch["advantages"]
+    real = [i for i, u in enumerate(uids) if not u.startswith("pad")]
+    assert adv[[i for i in range(12) if i not in real]].abs().sum() == 0
+    expected, _ = V.compute_tree_grpo_advantage(rewards[real], mask[real], np.array([uids[i] for i in real]))
+    assert torch.equal(adv[real], expected) and expected.abs().sum() > 0
+
+    counts = V.tree_step_metrics(uids, [t.get("is_padding", False) for t in batch.tags],
+                                 [r["extra_fields"]["tree_truncated"] for r in rows], M=2, leaves_per_tree=3)
+    assert counts == {"tree/leaves": 9.0, "tree/pad_rows": 3.0, "tree/rows_outside_trees": 0.0,
+                      "tree/failed_trees": 1.0, "tree/partial_trees": 0.0, "tree/truncated_leaves": 0.0}
+
+
+def test_validation_samples_one_chain_per_session_under_the_prompt_uid(monkeypatch, tokenizer):
+    store = MemoryTQ()
+    server = ScriptedServer(tokenizer, ["<search> 2 + 3 </search>", "<answer> 5 </answer>"])
+    _run_prompts(_worker(monkeypatch, tokenizer, server, store), ["2 + 3 ok", "5 + 6 ok"], validate=True)
+    keys = store.trajectories("val")
+    assert keys == ["p0_0_0", "p1_0_0"] and len(server.calls) == 2 * 2             # val_kwargs.n = 1 chain each
+    assert [store.fields[("val", k)]["uid"] for k in keys] == ["p0", "p1"]           # verl reports per prompt
+
+
+def test_response_cap_ends_a_leaf_where_its_response_fills_it(monkeypatch, tokenizer):
+    """rollout.response_length below the budget: every leaf's response fits it, a leaf that fills it ends
+    there (its observation cut) and is flagged; with the budget, none is."""
+    long_search = "<search> " + "2 + 3 " * 4 + "</search>"
+    for cap, cut in ((24, True), (V.response_budget(V.TreeGRPOOptions(env="calculator")), False)):
+        store = MemoryTQ()
+        server = ScriptedServer(tokenizer, [long_search, long_search, "<answer> 6 </answer>"])
+        _run_prompts(_worker(monkeypatch, tokenizer, server, store, response_length=cap), ["2 + 3 ok"])
+        rows = [store.fields[("train", k)] for k in store.trajectories()]
+        lengths = [len(r["responses"]) for r in rows]
+        flags = [r["extra_fields"]["tree_truncated"] for r in rows]
+        assert len(rows) == 6 and max(lengths) <= cap and any(flags) == cut
+        assert all(f == (n == cap) for f, n in zip(flags, lengths))
+        assert all(c[2]["max_tokens"] <= cap - (len(c[1]) - len(server.calls[0][1])) for c in server.calls)
