@@ -443,3 +443,37 @@ def test_response_cap_ends_a_leaf_where_its_response_fills_it(monkeypatch, token
         assert len(rows) == 6 and max(lengths) <= cap and any(flags) == cut
         assert all(f == (n == cap) for f, n in zip(flags, lengths))
         assert all(c[2]["max_tokens"] <= cap - (len(c[1]) - len(server.calls[0][1])) for c in server.calls)
+
+
+def test_searches_run_off_the_event_loop(tokenizer):
+    """Two trees on one event loop, each first step a search: the retriever returns only once both searches are in
+    flight, which they can be only when neither holds the event loop (a blocking call would wait out the barrier)."""
+    import threading
+
+    from tg.agent.env import SearchEnv
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+
+    barrier = threading.Barrier(2, timeout=10)
+
+    class BarrierRetriever:
+        name = "barrier"
+
+        def search(self, queries, k):
+            barrier.wait()
+            return [[{"id": "0", "title": "t", "contents": "5"}] for _ in queries]
+
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "vllm", "prompt_length": 256,
+                                                                 "response_length": 128}},
+                               "algorithm": {"tree_grpo": {"env": "calculator"}}})
+    server = ScriptedServer(tokenizer, ["<search> 2 + 3 </search>", "<answer> 5 </answer>"])
+
+    async def run():
+        async def one():
+            loop = V.TreeAgentLoop(trainer_config=DictConfigWrap(config), server_manager=server, tokenizer=tokenizer,
+                                   processor=None, dataset_cls=None, data_config=DictConfigWrap(OmegaConf.create({})))
+            loop.env = SearchEnv(tokenizer, BarrierRetriever(), top_k=1)
+            return await loop.run({"temperature": 1.0}, tree_chain=True, raw_prompt=[{"role": "user", "content": "ok"}])
+        return await asyncio.gather(one(), one())
+
+    outs = asyncio.run(run())
+    assert [len(o) for o in outs] == [1, 1] and not barrier.broken
