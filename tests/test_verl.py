@@ -477,3 +477,14 @@ def test_searches_run_off_the_event_loop(tokenizer):
 
     outs = asyncio.run(run())
     assert [len(o) for o in outs] == [1, 1] and not barrier.broken
+
+
+def test_agent_loop_refuses_sglang_in_one_line(tokenizer):
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "sglang", "prompt_length": 64,
+                                                                 "response_length": 64}},
+                               "algorithm": {"tree_grpo": {"env": "calculator"}}})
+    with pytest.raises(ConfigError, match="rollout.name=sglang.*set rollout.name=vllm"):
+        V.TreeAgentLoop(trainer_config=DictConfigWrap(config), server_manager=None, tokenizer=tokenizer,
+                        processor=None, dataset_cls=None, data_config=DictConfigWrap(OmegaConf.create({})))
