@@ -308,17 +308,20 @@ def test_documented_gpu_install_brings_what_the_kit_imports():
 
 
 class MemoryTQ:
-    """TransferQueue's key-value calls that verl's worker and padding make, on a dict (no Ray): key -> fields,
-    key -> tag, per partition."""
+    """TransferQueue's key-value calls that verl's worker, padding and trainer make, on a dict (no Ray): key ->
+    fields, key -> tag, per partition; a get returns a TensorDict, as TransferQueue's does."""
 
     def __init__(self):
         self.fields, self.tags = {}, {}
 
     def kv_batch_put(self, keys, partition_id, fields=None, tags=None):
+        from transfer_queue import KVBatchMeta
+
         rows = [{} if fields is None else {k: getattr(v, "data", v) for k, v in fields[i].items()} for i in range(len(keys))]
         for i, key in enumerate(keys):
             self.fields.setdefault((partition_id, key), {}).update(rows[i])
             self.tags.setdefault((partition_id, key), {}).update(tags[i] if tags else {})
+        return KVBatchMeta(keys=list(keys), tags=[self.tags[(partition_id, k)] for k in keys], partition_id=partition_id)
 
     async def async_kv_batch_put(self, keys, partition_id, fields=None, tags=None):
         self.kv_batch_put(keys, partition_id, fields, tags)
@@ -327,7 +330,11 @@ class MemoryTQ:
         self.kv_batch_put([key], partition_id, tags=[tag])
 
     def kv_batch_get(self, keys, partition_id, select_fields=None):
-        return [self.fields[(partition_id, k)] for k in keys]
+        from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+        rows = [self.fields[(partition_id, k)] for k in keys]
+        names = [f for f in select_fields or rows[0] if all(f in r for r in rows)]    # the fields every row has
+        return list_of_dict_to_tensordict([{f: r[f] for f in names} for r in rows])
 
     def trajectories(self, partition_id="train"):
         return sorted(k for p, k in self.fields if p == partition_id and "_" in k)
@@ -377,45 +384,49 @@ def _run_prompts(worker, questions, validate=False):
 
 def test_verl_worker_padding_and_advantage_through_a_failed_tree(monkeypatch, tokenizer):
     """verl's own `_run_prompt` (M = 2 trees of 3 leaves per prompt) with one tree failing, verl's own padding to
-    a multiple of 12 rows and its multi-trajectory advantage: the failed tree is dropped (its prompt's other tree
-    kept, rule 2), the padding rows get 0, every other row gets `tg.advantage.tree_grpo` of the leaves stored,
-    and the step's counts say so."""
+    a multiple of 12 rows and the trainer's own `_compute_advantage` (storage in, advantages out): the failed tree
+    is dropped (its prompt's other tree kept, rule 2), the padding rows get 0, every other row gets
+    `tg.advantage.tree_grpo` of the leaves stored, and `TreeTrainer`'s step counts say so."""
     from transfer_queue import KVBatchMeta
-    from verl.protocol import DataProto
     from verl.trainer.ppo import padding_utils
-    from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
+    from verl.trainer.ppo.v1 import trainer_base
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
     store = MemoryTQ()
     server = FailingServer(tokenizer, ["<search> 2 + 3 </search>", "<answer> 6 </answer>"], fail_on="5 + 6")
-    _run_prompts(_worker(monkeypatch, tokenizer, server, store), ["2 + 3 ok", "5 + 6 ok"])
+    worker = _worker(monkeypatch, tokenizer, server, store)
+    _run_prompts(worker, ["2 + 3 ok", "5 + 6 ok"])
     keys = store.trajectories()
     assert len(keys) == 9 and store.tags[("train", "p0")]["status"] == "finished"      # 12 leaves less one tree
     assert store.tags[("train", "p1")]["status"] == "failure"
 
     monkeypatch.setattr(padding_utils, "tq", store)
+    monkeypatch.setattr(trainer_base, "tq", store)
     batch = KVBatchMeta(keys=keys, tags=[store.tags[("train", k)] for k in keys], partition_id="train")
     batch = padding_utils.upsample_batch_to_divisible_size(batch, 12, eos_token_id=0)
     rows = store.kv_batch_get(batch.keys, "train")
     uids = [r["uid"] for r in rows]
     assert len(uids) == 12 and sum(u.startswith("pad") for u in uids) == 3
 
-    mask = torch.nn.utils.rnn.pad_sequence([r["response_mask"].float() for r in rows], batch_first=True)  # [12, T]
-    score = torch.tensor([float("<answer> 6" in tokenizer.decode(r["responses"].tolist())) for r in rows])
-    last = (mask.cumsum(-1) == mask.sum(-1, keepdim=True)) & (mask > 0)
-    rewards = torch.where(last, score[:, None], torch.zeros_like(mask)) * (~torch.tensor(
-        [u.startswith("pad") for u in uids]))[:, None]
-    data = DataProto.from_dict(tensors={"token_level_rewards": rewards, "response_mask": mask},
-                               non_tensors={"uid": np.array(uids, dtype=object)})
-    out = compute_advantage_for_multi_trajectories(data, batch_keys=batch.keys, adv_estimator=V.ESTIMATOR, num_repeat=2,
-                                                   config=OmegaConf.create({"tree_grpo": {"mode": "intra+inter"}}))
-    adv = out.batch["advantages"]
     real = [i for i, u in enumerate(uids) if not u.startswith("pad")]
-    assert adv[[i for i in range(12) if i not in real]].abs().sum() == 0
-    expected, _ = V.compute_tree_grpo_advantage(rewards[real], mask[real], np.array([uids[i] for i in real]))
-    assert torch.equal(adv[real], expected) and expected.abs().sum() > 0
+    score = {i: float("<answer> 6" in tokenizer.decode(rows[i]["responses"].tolist())) for i in real}
+    scores = [torch.nn.functional.one_hot(torch.tensor(len(rows[i]["responses"]) - 1), len(rows[i]["responses"]))
+              * score[i] for i in real]                                  # the reward on the last token, as verl's
+    store.kv_batch_put([batch.keys[i] for i in real], "train",
+                       list_of_dict_to_tensordict([{"rm_scores": x.float()} for x in scores]))
 
-    counts = V.tree_step_metrics(uids, [t.get("is_padding", False) for t in batch.tags],
-                                 [r["extra_fields"]["tree_truncated"] for r in rows], M=2, leaves_per_tree=3)
+    trainer, counts = object.__new__(V.TreeTrainer), {}
+    trainer.config = OmegaConf.merge(worker.config, {"algorithm": {
+        "adv_estimator": V.ESTIMATOR, "use_kl_in_reward": False, "gamma": 1.0, "lam": 1.0,
+        "norm_adv_by_std_in_grpo": True}})
+    trainer._compute_advantage(batch, counts)                            # verl's own, then the step's counts
+    adv = [store.fields[("train", k)]["advantages"] for k in batch.keys]
+    assert all(adv[i].abs().sum() == 0 for i in range(12) if i not in real)
+    mask = torch.nn.utils.rnn.pad_sequence([rows[i]["response_mask"].float() for i in real], batch_first=True)
+    rewards = torch.nn.utils.rnn.pad_sequence([x.float() for x in scores], batch_first=True)
+    expected, _ = V.compute_tree_grpo_advantage(rewards, mask, np.array([uids[i] for i in real]))
+    assert all(torch.equal(adv[i], expected[j, :len(adv[i])]) for j, i in enumerate(real))
+    assert expected.abs().sum() > 0
     assert counts == {"tree/leaves": 9.0, "tree/pad_rows": 3.0, "tree/rows_outside_trees": 0.0,
                       "tree/failed_trees": 1.0, "tree/partial_trees": 0.0, "tree/truncated_leaves": 0.0}
 

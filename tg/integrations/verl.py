@@ -270,9 +270,9 @@ class TreeTrainer(PPOTrainerSync):
         batch = super()._compute_advantage(batch, metrics)
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                                select_fields=["uid", "extra_fields"])
-        extra = [e if isinstance(e, dict) else {} for e in data["extra_fields"].tolist()]
+        extra = [e if isinstance(e, dict) else {} for e in data.pop("extra_fields").tolist()]  # as verl reads them
         opts = tree_options(self.config.algorithm)
-        metrics.update(tree_step_metrics(data["uid"].tolist(), [t.get("is_padding", False) for t in batch.tags],
+        metrics.update(tree_step_metrics(data.pop("uid").tolist(), [t.get("is_padding", False) for t in batch.tags],
                                          [e.get("tree_truncated", False) for e in extra],
                                          self.config.actor_rollout_ref.rollout.n, 1 + opts.L * opts.N))
         return batch
