@@ -3,7 +3,7 @@
 In .venv (no verl) the whole file skips. What runs here on CPU (docs/verl.md's launch commands: test_verl_launch.py):
 the estimator through verl's registry and
 verl's own `compute_advantage` dispatch; the tree index; `grow_tree`; `TreeAgentLoop.run` on a scripted
-rollout server with the kit's tokenizer and calculator; verl's own agent-loop worker (`_run_prompt`), its
+rollout server with the kit's tokenizer and calculator; verl's own agent-loop worker (`_run_prompt`), replay buffer,
 padding and its multi-trajectory advantage on an in-memory stand-in for TransferQueue, through a failed tree
 and padding rows. verl's Ray cluster, rollout servers and trainer loop need GPUs and do not run here.
 """
@@ -259,6 +259,17 @@ class MemoryTQ:
         names = [f for f in select_fields or rows[0] if all(f in r for r in rows)]    # the fields every row has
         return list_of_dict_to_tensordict([{f: r[f] for f in names} for r in rows])
 
+    def kv_list(self):
+        listing = {}
+        for (partition, key), tag in self.tags.items():
+            listing.setdefault(partition, {})[key] = tag
+        return listing
+
+    def kv_clear(self, keys, partition_id):
+        for key in keys:
+            self.fields.pop((partition_id, key), None)
+            self.tags.pop((partition_id, key), None)
+
     def trajectories(self, partition_id="train"):
         return sorted(k for p, k in self.fields if p == partition_id and "_" in k)
 
@@ -306,26 +317,30 @@ def _run_prompts(worker, questions, validate=False):
 
 
 def test_verl_worker_padding_and_advantage_through_a_failed_tree(monkeypatch, tokenizer):
-    """verl's own `_run_prompt` (M = 2 trees of 3 leaves per prompt) with one tree failing, verl's own padding to
+    """verl's own `_run_prompt` (M = 2 trees of 3 leaves per prompt) with one tree failing, its replay buffer's
+    sampling, its padding to
     a multiple of 12 rows and the trainer's own `_compute_advantage` (storage in, advantages out): the failed tree
     is dropped (its prompt's other tree kept, rule 2), the padding rows get 0, every other row gets
     `tg.advantage.tree_grpo` of the leaves stored, and `TreeTrainer`'s step counts say so."""
-    from transfer_queue import KVBatchMeta
     from verl.trainer.ppo import padding_utils
-    from verl.trainer.ppo.v1 import trainer_base
+    from verl.trainer.ppo.v1 import replay_buffer, trainer_base
     from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
     store = MemoryTQ()
+    for uid in ("p0", "p1"):                                     # the trainer's prompt entries, as it submits them
+        store.kv_batch_put([uid], "train", tags=[{"is_prompt": True, "status": "pending", "global_steps": 1}])
     server = FailingServer(tokenizer, ["<search> 2 + 3 </search>", "<answer> 6 </answer>"], fail_on="5 + 6")
     worker = _worker(monkeypatch, tokenizer, server, store)
     _run_prompts(worker, ["2 + 3 ok", "5 + 6 ok"])
-    keys = store.trajectories()
-    assert len(keys) == 9 and store.tags[("train", "p0")]["status"] == "finished"      # 12 leaves less one tree
+    assert len(store.trajectories()) == 9 and store.tags[("train", "p0")]["status"] == "finished"  # 12 less a tree
     assert store.tags[("train", "p1")]["status"] == "failure"
 
-    monkeypatch.setattr(padding_utils, "tq", store)
-    monkeypatch.setattr(trainer_base, "tq", store)
-    batch = KVBatchMeta(keys=keys, tags=[store.tags[("train", k)] for k in keys], partition_id="train")
+    for module in (replay_buffer, padding_utils, trainer_base):
+        monkeypatch.setattr(module, "tq", store)
+    buffer = replay_buffer.ReplayBuffer("sync", OmegaConf.create({}), max_off_policy_threshold=None,
+                                        max_off_policy_strategy="drop", sampler_kwargs=OmegaConf.create({}))
+    batch, _ = buffer.sample(global_steps=1, partition_id="train", batch_size=2)   # the failed prompt is kept
+    assert sorted(batch.keys) == store.trajectories()
     batch = padding_utils.upsample_batch_to_divisible_size(batch, 12, eos_token_id=0)
     rows = store.kv_batch_get(batch.keys, "train")
     uids = [r["uid"] for r in rows]
