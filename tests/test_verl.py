@@ -1,11 +1,11 @@
 """tg.integrations.verl against tg and against verl 0.9.1 itself (run in .venv-verl: `make test-verl`).
 
-In .venv (no verl) the whole file skips. What runs here on CPU (docs/verl.md's launch commands: test_verl_launch.py):
-the estimator through verl's registry and
-verl's own `compute_advantage` dispatch; the tree index; `grow_tree`; `TreeAgentLoop.run` on a scripted
-rollout server with the kit's tokenizer and calculator; verl's own agent-loop worker (`_run_prompt`), replay buffer,
-padding and its multi-trajectory advantage on an in-memory stand-in for TransferQueue, through a failed tree
-and padding rows. verl's Ray cluster, rollout servers and trainer loop need GPUs and do not run here.
+In .venv (no verl) the whole file skips. What runs here on CPU: the estimator through verl's registry and verl's
+own `compute_advantage` dispatch; the tree index; `grow_tree`; `TreeAgentLoop.run` on a scripted rollout server
+with the kit's tokenizer and calculator; verl's own agent-loop worker (`_run_prompt`), replay buffer, padding and
+trainer `_compute_advantage` on an in-memory stand-in for TransferQueue, through a failed tree and padding rows.
+docs/verl.md's launch commands: tests/test_verl_launch.py. verl's Ray cluster, rollout servers and trainer loop
+need GPUs and do not run here.
 """
 
 from __future__ import annotations
