@@ -84,5 +84,15 @@ def test_documented_short_snippet_composes():
 
 def test_documented_gpu_install_brings_what_the_kit_imports():
     """The GPU install line names verl's extra and every package the integration imports beyond verl."""
-    line = next(x for x in _fenced("Install").splitlines() if "verl[vllm]" in x)
-    assert "bm25s" in line.split() and "--no-deps" in _fenced("Install")
+    line = next(x for x in _fenced("Install").splitlines() if x.startswith("pip install 'verl["))
+    assert "vllm" in line and "bm25s" in line.split() and "--no-deps" in _fenced("Install")
+
+
+def test_documented_flash_attention_fallback_passes_verl_validate_config():
+    text = DOCS.read_text()
+    install = text[text.index("## Install\n"):text.index("## The paper's Table 5")]
+    fallback = re.search(r"`(\+actor_rollout_ref\.model\.override_config\.attn_implementation=sdpa[^`]*)`", install)
+    config = _compose(_overrides(_fenced("One node, 8 GPUs")) + fallback.group(1).split())
+    _validate(config)
+    assert config.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
+    assert config.actor_rollout_ref.model.use_remove_padding is False
