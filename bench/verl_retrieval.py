@@ -5,8 +5,8 @@ search does not stall the other trees of its worker. 'blocking' runs the same ca
 (an executor that runs each call where it is submitted), as a synchronous HTTP call inside the agent loop
 does. Both grow the same trees: `--trees` sessions (one tree of N = 2, L = 1 each) at once on one event loop, on a
 scripted rollout server that answers at once, against the kit's HTTP retriever client and a local `/retrieve`
-server that answers each request after `--latency` seconds, requests in parallel. Medians over `--reps` alternating repetitions (the first
-dropped). Runs in .venv-verl:
+server that answers each request after `--latency` seconds, requests in parallel. Medians over `--reps`
+alternating repetitions (the first dropped). Runs in .venv-verl:
 
     .venv-verl/bin/python bench/verl_retrieval.py [--trees 32] [--latency 0.05] [--reps 5] [--write bench/README.md]
 """
@@ -21,7 +21,7 @@ import time
 from concurrent.futures import Executor, Future
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from _blocks import alternating_medians, write_section
 from omegaconf import OmegaConf

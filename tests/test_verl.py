@@ -240,11 +240,13 @@ class MemoryTQ:
     def kv_batch_put(self, keys, partition_id, fields=None, tags=None):
         from transfer_queue import KVBatchMeta
 
-        rows = [{} if fields is None else {k: getattr(v, "data", v) for k, v in fields[i].items()} for i in range(len(keys))]
+        rows = [{} if fields is None else {k: getattr(v, "data", v) for k, v in fields[i].items()}
+                for i in range(len(keys))]
         for i, key in enumerate(keys):
             self.fields.setdefault((partition_id, key), {}).update(rows[i])
             self.tags.setdefault((partition_id, key), {}).update(tags[i] if tags else {})
-        return KVBatchMeta(keys=list(keys), tags=[self.tags[(partition_id, k)] for k in keys], partition_id=partition_id)
+        return KVBatchMeta(keys=list(keys), tags=[self.tags[(partition_id, k)] for k in keys],
+                           partition_id=partition_id)
 
     async def async_kv_batch_put(self, keys, partition_id, fields=None, tags=None):
         self.kv_batch_put(keys, partition_id, fields, tags)
@@ -302,7 +304,8 @@ def _worker(monkeypatch, tokenizer, server, store, response_length=128):
                                           "response_length": response_length, "val_kwargs": {"n": 1}}},
         "algorithm": {"tree_grpo": {"env": "calculator", "N": 2, "L": 1, "max_turns": 3}}, "data": {}})
     worker.llm_client, worker.tokenizer, worker.processor, worker.hf_model_type = server, tokenizer, None, None
-    worker.dataset_cls, worker.tools, worker.reward_loop_worker_handles, worker.distillation_enabled = None, [], None, False
+    worker.dataset_cls, worker.tools = None, []
+    worker.reward_loop_worker_handles, worker.distillation_enabled = None, False
     return worker
 
 

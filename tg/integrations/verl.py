@@ -47,7 +47,6 @@ from uuid import uuid4
 
 import numpy as np
 import ray
-import torch
 import transfer_queue as tq
 from torch import Tensor
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
