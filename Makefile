@@ -42,7 +42,7 @@ test-vllm:
 VERL_VENV := .venv-verl
 test-verl:
 	PYTHON=$(PY) scripts/install_verl_cpu.sh $(VERL_VENV)
-	OMP_NUM_THREADS=1 $(VERL_VENV)/bin/python -m pytest tests/test_verl.py
+	OMP_NUM_THREADS=1 $(VERL_VENV)/bin/python -m pytest tests/test_verl.py tests/test_verl_launch.py
 
 lab: install
 	$(BIN)/python -m pip install -q -c constraints-cpu.txt -e '.[lab]'

@@ -1,9 +1,15 @@
 """Tree-GRPO in TRL's GRPOTrainer (tg.integrations.trl), on CPU with the pinned tiny policy and the synthetic world:
 two steps train, the advantages are `tg.advantage`'s on the same leaves, and TRL's loss under
-`grpo_config_kwargs` is `tg.loss.grpo_loss` (Eq. 8)."""
+`grpo_config_kwargs` is `tg.loss.grpo_loss` (Eq. 8); the rollout runs inside TRL's parameter gathering, and two
+gloo processes train two steps on a model sharded with FSDP2."""
 
+import datetime
+import json
 import math
+import multiprocessing
 import os
+import socket
+from pathlib import Path
 
 import pytest
 import torch
@@ -157,6 +163,45 @@ def _close(a, b, rel=1e-4):
     return max(float((x - y).abs().max()) for x, y in zip(a, b)) <= rel * scale
 
 
+def test_the_rollout_runs_inside_trls_parameter_gathering(setup, monkeypatch):
+    """TRL's `unwrap_model_for_generation` (ZeRO-3: parameters gathered) is open while the trees grow, on the
+    model it yields."""
+    cfg, res, trainer, _, _ = setup
+    events = []
+    unwrap = tgtrl.unwrap_model_for_generation
+
+    def spy_unwrap(*args, **kwargs):
+        events.append("enter")
+        return unwrap(*args, **kwargs)
+
+    def spy_trees(engine, *args, **kwargs):
+        events.append(("trees", engine.model is trainer.accelerator.unwrap_model(trainer.model)))
+        return sample_trees(engine, *args, **kwargs)
+
+    monkeypatch.setattr(tgtrl, "unwrap_model_for_generation", spy_unwrap)
+    monkeypatch.setattr(tgtrl, "sample_trees", spy_trees)
+    question = res.train_set(cfg)[SCORED[0]].question
+    out = trainer.rollout_func([question] * trainer.args.num_generations, trainer)
+    assert events == ["enter", ("trees", True)] and len(out["completion_ids"]) == trainer.args.num_generations
+
+
+def test_the_completions_table_keeps_one_advantage_per_completion(setup):
+    """In evaluation (a batch smaller than the table), the logged advantages are the trained ones, one per prompt
+    row of the table: TRL's own are replaced, not followed."""
+    cfg, res, trainer, _, _ = setup
+    for column in ("prompt", "completion", "advantages"):
+        trainer._logs[column].clear()
+    q = res.train_set(cfg)[SCORED[0]]
+    k = trainer.args.num_generations
+    trainer.model.eval()
+    try:
+        trainer._generate_and_score_completions([{"prompt": q.question, "golden_answers": list(q.golden_answers)}] * k)
+    finally:
+        trainer.model.train()
+    assert len(trainer._logs["advantages"]) == len(trainer._logs["prompt"]) == k
+    assert list(trainer._logs["advantages"]) == trainer.last_tree_advantage.total.tolist()
+
+
 def test_config_maps_eq8_and_refuses_what_trl_lacks(cfg):
     kw = grpo_config_kwargs(cfg)
     t = cfg.tree
@@ -171,7 +216,7 @@ def test_config_maps_eq8_and_refuses_what_trl_lacks(cfg):
 @pytest.mark.parametrize("change, field", [
     (dict(num_generations=3), "num_generations"), (dict(mask_truncated_completions=True), "mask_truncated"),
     (dict(scale_rewards="batch"), "scale_rewards"), (dict(per_device_train_batch_size=9), "multiple of 6"),
-    (dict(use_vllm=True, vllm_mode="server"), "colocate"), (dict(vllm_enable_sleep_mode=True, use_vllm=True), "sleep")])
+    (dict(use_vllm=True, vllm_mode="colocate"), "use_vllm must be False")])
 def test_trainer_refuses_settings_that_break_the_tree(tmp_path, change, field):
     rollout = TreeRollout(env=None, M=2, N=1, L=2)                            # K = 6 leaves per prompt
     args = GRPOConfig(str(tmp_path), num_generations=6, per_device_train_batch_size=6, use_cpu=True, report_to="none")
@@ -197,3 +242,56 @@ def test_prompt_groups_must_be_whole_runs():
 def test_doctor_reports_trl():
     assert "trl" in PACKAGES
     assert read_matrix(REPO_ROOT).ranges["trl"] == "==1.16.0"
+
+
+def _sharded_rank(rank: int, port: int, out: str) -> None:
+    """One of two gloo ranks: the tiny policy sharded with FSDP2 over both (`tg.gpu.fsdp.fully_shard_model`),
+    two TRL steps with the tree rollout, each rank its own seed (so its own trees and forward count)."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from tg.config import load_config
+    from tg.gpu.fsdp import fully_shard_model
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                                         timeout=datetime.timedelta(seconds=60))
+    cfg = load_config("cpu").replace(tree=dict(M=2, N=1, L=1))
+    res = load_resources(cfg)
+    model, tok = load_policy(res.policy_path)
+    fully_shard_model(model, init_device_mesh("cpu", (2,)))
+    rollout = TreeRollout.from_config(cfg, res.env(tok, cfg))
+    args = GRPOConfig(str(Path(out, str(rank))), **grpo_config_kwargs(cfg) | dict(max_steps=2, seed=rank),
+                      per_device_train_batch_size=rollout.leaves_per_prompt, shuffle_dataset=False, use_cpu=True,
+                      report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True)
+    trainer = TreeGRPOTrainer(model, [tree_reward(make_reward(cfg))], args, rollout_func=rollout,
+                              train_dataset=questions_dataset([res.train_set(cfg)[i] for i in TRAIN]),
+                              processing_class=tok)
+    trainer.train()
+    steps = [row for row in trainer.state.log_history if "loss" in row]
+    sharded = all(type(p).__name__ == "DTensor" for p in trainer.model.parameters())
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"steps": steps, "sharded": sharded}))
+    torch.distributed.destroy_process_group()
+
+
+def test_two_gloo_ranks_train_two_steps_on_a_sharded_model(tmp_path):
+    """accelerate shards with FSDP only on accelerators, so on CPU the ranks shard the model themselves and each
+    rank's TRL runs as one process: what is tested is the tree rollout on FSDP2 weights whose ranks decode
+    different numbers of tokens (a gather at each forward would wait or cross between ranks)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_sharded_rank, args=(r, port, str(tmp_path))) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+    codes = [p.exitcode for p in procs]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    assert codes == [0, 0], f"rank exit codes {codes}"
+    ranks = [json.loads(Path(tmp_path, f"rank{r}.json").read_text()) for r in range(2)]
+    assert all(r["sharded"] and [row["step"] for row in r["steps"]] == [1, 2] for r in ranks)
+    assert all(math.isfinite(row["loss"]) for r in ranks for row in r["steps"])
+    assert ranks[0]["steps"][0]["num_tokens"] != ranks[1]["steps"][0]["num_tokens"]   # different trees per rank

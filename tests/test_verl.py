@@ -1,9 +1,11 @@
 """tg.integrations.verl against tg and against verl 0.9.1 itself (run in .venv-verl: `make test-verl`).
 
-In .venv (no verl) the whole file skips. What runs here on CPU: the estimator through verl's registry and
-verl's own `compute_advantage` dispatch; the tree index; `grow_tree`; `TreeAgentLoop.run` on a scripted
-rollout server with the kit's tokenizer and calculator; the worker hook's storage with TransferQueue's put
-replaced by a recorder. verl's Ray cluster, rollout servers and trainer need GPUs and do not run here.
+In .venv (no verl) the whole file skips. What runs here on CPU: the estimator through verl's registry and verl's
+own `compute_advantage` dispatch; the tree index; `grow_tree`; `TreeAgentLoop.run` on a scripted rollout server
+with the kit's tokenizer and calculator; verl's own agent-loop worker (`_run_prompt`), replay buffer, padding and
+trainer `_compute_advantage` on an in-memory stand-in for TransferQueue, through a failed tree and padding rows.
+docs/verl.md's launch commands: tests/test_verl_launch.py. verl's Ray cluster, rollout servers and trainer loop
+need GPUs and do not run here.
 """
 
 from __future__ import annotations
@@ -94,10 +96,24 @@ def test_verl_compute_advantage_dispatches_to_tree_grpo():
 
 
 def test_parse_tree_index_codes_and_errors():
-    p, t = V.parse_tree_index(["x|y|0", "x|y|1", "z|0", "x|y|0"])
-    assert p.tolist() == [0, 0, 1, 0] and t.tolist() == [0, 1, 2, 0]    # split at the last '|'
-    with pytest.raises(ValueError, match="'plain-uid' is not 'prompt_uid|tree_id'"):
+    p, t, in_tree = V.parse_tree_index(["x|y|0", "x|y|1", "z|0", "x|y|0", "pad0a", "pad0a", "x"])
+    assert p.tolist() == [0, 0, 1, 0, 2, 2, 3] and t.tolist() == [0, 1, 2, 0, 3, 3, 4]  # split at the last '|'
+    assert in_tree.tolist() == [True] * 4 + [False] * 3                # a uid without '|': a group of its own
+    with pytest.raises(ValueError, match="'plain-uid' is not 'prompt_uid|tree_id'|run the tree rollout"):
         V.parse_tree_index(["plain-uid"])
+
+
+def test_padding_rows_get_zero_advantage_and_leave_the_trees_alone():
+    """verl pads with rows whose uid is 'pad<hex>' (and a partly stored tree leaves plain uids): they get 0,
+    and the trees' leaves get what they get without them."""
+    rng = random.Random(3)
+    rows = _forest(rng, n_prompts=2, M=2, leaves=[3])
+    rewards, mask = _token_level(rows + [("pad", 0, 0.0)] * 3 + [("uid-0", None, 1.0)] * 2, rng)
+    index = [V.tree_index(p, t) for p, t, _ in rows] + ["pad7f"] * 3 + ["uid-0"] * 2
+    adv, _ = V.compute_tree_grpo_advantage(rewards, mask, np.array(index, dtype=object))
+    alone, _ = V.compute_tree_grpo_advantage(rewards[:len(rows)], mask[:len(rows)], np.array(index[:len(rows)]))
+    assert torch.equal(adv[len(rows):], torch.zeros(5, T)) and torch.equal(adv[:len(rows)], alone)
+    assert alone.abs().sum() > 0
 
 
 @pytest.mark.parametrize("config, field", [({"tree_grpo": {"mode": "both"}}, "mode"),
@@ -134,7 +150,8 @@ def test_grow_tree_initializes_then_expands():
 
 
 class ScriptedServer:
-    """A verl rollout server stand-in: `generate` answers from a script by the number of tool results so far."""
+    """A verl rollout server stand-in: `generate` answers from a script by the number of tool results so far,
+    cut at the request's max_tokens."""
 
     def __init__(self, tokenizer, script):
         self.tokenizer, self.script, self.calls = tokenizer, script, []
@@ -144,7 +161,8 @@ class ScriptedServer:
 
         self.calls.append((request_id, list(prompt_ids), dict(sampling_params)))
         turn = self.tokenizer.decode(prompt_ids).count("</information>")
-        return TokenOutput(token_ids=self.tokenizer.encode(self.script[turn], add_special_tokens=False))
+        ids = self.tokenizer.encode(self.script[turn], add_special_tokens=False)
+        return TokenOutput(token_ids=ids[:sampling_params["max_tokens"]])                 # a server keeps the cap
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +173,8 @@ def tokenizer():
 def test_tree_agent_loop_runs_on_a_scripted_server(tokenizer):
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap
 
-    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"prompt_length": 256, "response_length": 128}},
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "vllm", "prompt_length": 256,
+                                                                 "response_length": 128}},
                                "algorithm": {"tree_grpo": {"env": "calculator", "N": 2, "L": 1, "max_turns": 3}}})
     server = ScriptedServer(tokenizer, ["<search> 2 + 3 </search>", "<search> 5 + 1 </search>",
                                         "<answer> 6 </answer>"])
@@ -196,9 +215,8 @@ def test_worker_hook_stores_each_leaf_with_its_tree_index(monkeypatch, validate)
                               extra_fields={"tree_leaf": j}) for j in (5, 7, 3)]
     worker = object.__new__(V.TreeAgentLoopWorker)
     asyncio.run(worker._agent_loop_postprocess(leaves, validate, uid="u", session_id=1))
-    if validate:
-        assert [(o.extra_fields["tree_leaf"], s) for o, _, s in stored] == [(3, 3)]
-        assert puts == [(["u_3_0"], ["u|1"], "val")]
+    if validate:   # one chain, stored as verl stores a session: its own uid, no rewrite
+        assert [(len(o), u, s) for o, u, s in stored] == [(3, "u", 1)] and puts == []
     else:
         assert [s for _, _, s in stored] == [3, 4, 5] and {u for _, u, _ in stored} == {"u"}
         assert puts == [(["u_3_0", "u_4_0", "u_5_0"], ["u|1"] * 3, "train")]
@@ -210,3 +228,215 @@ def test_doctor_reports_verl():
     from tg.gpu.doctor import installed_versions
 
     assert installed_versions()["verl"] == verl.__version__ == "0.9.1"
+
+
+class MemoryTQ:
+    """TransferQueue's key-value calls that verl's worker, padding and trainer make, on a dict (no Ray): key ->
+    fields, key -> tag, per partition; a get returns a TensorDict, as TransferQueue's does."""
+
+    def __init__(self):
+        self.fields, self.tags = {}, {}
+
+    def kv_batch_put(self, keys, partition_id, fields=None, tags=None):
+        from transfer_queue import KVBatchMeta
+
+        rows = [{} if fields is None else {k: getattr(v, "data", v) for k, v in fields[i].items()}
+                for i in range(len(keys))]
+        for i, key in enumerate(keys):
+            self.fields.setdefault((partition_id, key), {}).update(rows[i])
+            self.tags.setdefault((partition_id, key), {}).update(tags[i] if tags else {})
+        return KVBatchMeta(keys=list(keys), tags=[self.tags[(partition_id, k)] for k in keys],
+                           partition_id=partition_id)
+
+    async def async_kv_batch_put(self, keys, partition_id, fields=None, tags=None):
+        self.kv_batch_put(keys, partition_id, fields, tags)
+
+    async def async_kv_put(self, key, partition_id, tag):
+        self.kv_batch_put([key], partition_id, tags=[tag])
+
+    def kv_batch_get(self, keys, partition_id, select_fields=None):
+        from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+        rows = [self.fields[(partition_id, k)] for k in keys]
+        names = [f for f in select_fields or rows[0] if all(f in r for r in rows)]    # the fields every row has
+        return list_of_dict_to_tensordict([{f: r[f] for f in names} for r in rows])
+
+    def kv_list(self):
+        listing = {}
+        for (partition, key), tag in self.tags.items():
+            listing.setdefault(partition, {})[key] = tag
+        return listing
+
+    def kv_clear(self, keys, partition_id):
+        for key in keys:
+            self.fields.pop((partition_id, key), None)
+            self.tags.pop((partition_id, key), None)
+
+    def trajectories(self, partition_id="train"):
+        return sorted(k for p, k in self.fields if p == partition_id and "_" in k)
+
+
+class FailingServer(ScriptedServer):
+    """The scripted server, failing every call of the first tree of prompts that hold `fail_on` (a timeout)."""
+
+    def __init__(self, tokenizer, script, fail_on):
+        super().__init__(tokenizer, script)
+        self.fail_on, self.failed = fail_on, None
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        if self.fail_on in self.tokenizer.decode(prompt_ids) and self.failed in (None, request_id):
+            self.failed = request_id
+            raise TimeoutError("retriever timed out")
+        out = await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params)
+        out.token_ids = out.token_ids if len(self.calls) % 3 else self.tokenizer.encode("<answer> 5 </answer>")
+        return out
+
+
+def _worker(monkeypatch, tokenizer, server, store, response_length=128):
+    """verl's TransferQueue agent-loop worker class (ours), its state set as its __init__ would on one node."""
+    from verl.trainer.ppo.v1 import agent_loop_tq
+
+    monkeypatch.setattr(agent_loop_tq, "tq", store)
+    monkeypatch.setattr(V, "tq", store)
+    worker = object.__new__(V.TreeAgentLoopWorker)
+    worker.config = OmegaConf.create({
+        "actor_rollout_ref": {"rollout": {"name": "vllm", "n": 2, "prompt_length": 256,
+                                          "response_length": response_length, "val_kwargs": {"n": 1}}},
+        "algorithm": {"tree_grpo": {"env": "calculator", "N": 2, "L": 1, "max_turns": 3}}, "data": {}})
+    worker.llm_client, worker.tokenizer, worker.processor, worker.hf_model_type = server, tokenizer, None, None
+    worker.dataset_cls, worker.tools = None, []
+    worker.reward_loop_worker_handles, worker.distillation_enabled = None, False
+    return worker
+
+
+def _run_prompts(worker, questions, validate=False):
+    async def run():
+        for i, q in enumerate(questions):
+            prompt = {"uid": f"p{i}", "raw_prompt": [{"role": "user", "content": q}], "agent_name": V.AGENT_LOOP,
+                      "global_steps": 1}
+            trajectory = {"validate": validate, "step": 1, "sample_index": i, "rollout_n": 0}
+            await worker._run_prompt(prompt, {"temperature": 1.0}, trajectory=trajectory)
+    asyncio.run(run())
+
+
+def test_verl_worker_padding_and_advantage_through_a_failed_tree(monkeypatch, tokenizer):
+    """verl's own `_run_prompt` (M = 2 trees of 3 leaves per prompt) with one tree failing, its replay buffer's
+    sampling, its padding to
+    a multiple of 12 rows and the trainer's own `_compute_advantage` (storage in, advantages out): the failed tree
+    is dropped (its prompt's other tree kept, rule 2), the padding rows get 0, every other row gets
+    `tg.advantage.tree_grpo` of the leaves stored, and `TreeTrainer`'s step counts say so."""
+    from verl.trainer.ppo import padding_utils
+    from verl.trainer.ppo.v1 import replay_buffer, trainer_base
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    store = MemoryTQ()
+    for uid in ("p0", "p1"):                                     # the trainer's prompt entries, as it submits them
+        store.kv_batch_put([uid], "train", tags=[{"is_prompt": True, "status": "pending", "global_steps": 1}])
+    server = FailingServer(tokenizer, ["<search> 2 + 3 </search>", "<answer> 6 </answer>"], fail_on="5 + 6")
+    worker = _worker(monkeypatch, tokenizer, server, store)
+    _run_prompts(worker, ["2 + 3 ok", "5 + 6 ok"])
+    assert len(store.trajectories()) == 9 and store.tags[("train", "p0")]["status"] == "finished"  # 12 less a tree
+    assert store.tags[("train", "p1")]["status"] == "failure"
+
+    for module in (replay_buffer, padding_utils, trainer_base):
+        monkeypatch.setattr(module, "tq", store)
+    buffer = replay_buffer.ReplayBuffer("sync", OmegaConf.create({}), max_off_policy_threshold=None,
+                                        max_off_policy_strategy="drop", sampler_kwargs=OmegaConf.create({}))
+    batch, _ = buffer.sample(global_steps=1, partition_id="train", batch_size=2)   # the failed prompt is kept
+    assert sorted(batch.keys) == store.trajectories()
+    batch = padding_utils.upsample_batch_to_divisible_size(batch, 12, eos_token_id=0)
+    rows = store.kv_batch_get(batch.keys, "train")
+    uids = [r["uid"] for r in rows]
+    assert len(uids) == 12 and sum(u.startswith("pad") for u in uids) == 3
+
+    real = [i for i, u in enumerate(uids) if not u.startswith("pad")]
+    score = {i: float("<answer> 6" in tokenizer.decode(rows[i]["responses"].tolist())) for i in real}
+    scores = [torch.nn.functional.one_hot(torch.tensor(len(rows[i]["responses"]) - 1), len(rows[i]["responses"]))
+              * score[i] for i in real]                                  # the reward on the last token, as verl's
+    store.kv_batch_put([batch.keys[i] for i in real], "train",
+                       list_of_dict_to_tensordict([{"rm_scores": x.float()} for x in scores]))
+
+    trainer, counts = object.__new__(V.TreeTrainer), {}
+    trainer.config = OmegaConf.merge(worker.config, {"algorithm": {
+        "adv_estimator": V.ESTIMATOR, "use_kl_in_reward": False, "gamma": 1.0, "lam": 1.0,
+        "norm_adv_by_std_in_grpo": True}})
+    trainer._compute_advantage(batch, counts)                            # verl's own, then the step's counts
+    adv = [store.fields[("train", k)]["advantages"] for k in batch.keys]
+    assert all(adv[i].abs().sum() == 0 for i in range(12) if i not in real)
+    mask = torch.nn.utils.rnn.pad_sequence([rows[i]["response_mask"].float() for i in real], batch_first=True)
+    rewards = torch.nn.utils.rnn.pad_sequence([x.float() for x in scores], batch_first=True)
+    expected, _ = V.compute_tree_grpo_advantage(rewards, mask, np.array([uids[i] for i in real]))
+    assert all(torch.equal(adv[i], expected[j, :len(adv[i])]) for j, i in enumerate(real))
+    assert expected.abs().sum() > 0
+    assert counts == {"tree/leaves": 9.0, "tree/pad_rows": 3.0, "tree/rows_outside_trees": 0.0,
+                      "tree/failed_trees": 1.0, "tree/partial_trees": 0.0, "tree/truncated_leaves": 0.0}
+
+
+def test_validation_samples_one_chain_per_session_under_the_prompt_uid(monkeypatch, tokenizer):
+    store = MemoryTQ()
+    server = ScriptedServer(tokenizer, ["<search> 2 + 3 </search>", "<answer> 5 </answer>"])
+    _run_prompts(_worker(monkeypatch, tokenizer, server, store), ["2 + 3 ok", "5 + 6 ok"], validate=True)
+    keys = store.trajectories("val")
+    assert keys == ["p0_0_0", "p1_0_0"] and len(server.calls) == 2 * 2             # val_kwargs.n = 1 chain each
+    assert [store.fields[("val", k)]["uid"] for k in keys] == ["p0", "p1"]           # verl reports per prompt
+
+
+def test_response_cap_ends_a_leaf_where_its_response_fills_it(monkeypatch, tokenizer):
+    """rollout.response_length below the budget: every leaf's response fits it, a leaf that fills it ends
+    there (its observation cut) and is flagged; with the budget, none is."""
+    long_search = "<search> " + "2 + 3 " * 4 + "</search>"
+    for cap, cut in ((24, True), (V.response_budget(V.TreeGRPOOptions(env="calculator")), False)):
+        store = MemoryTQ()
+        server = ScriptedServer(tokenizer, [long_search, long_search, "<answer> 6 </answer>"])
+        _run_prompts(_worker(monkeypatch, tokenizer, server, store, response_length=cap), ["2 + 3 ok"])
+        rows = [store.fields[("train", k)] for k in store.trajectories()]
+        lengths = [len(r["responses"]) for r in rows]
+        flags = [r["extra_fields"]["tree_truncated"] for r in rows]
+        assert len(rows) == 6 and max(lengths) <= cap and any(flags) == cut
+        assert all(f == (n == cap) for f, n in zip(flags, lengths))
+        assert all(c[2]["max_tokens"] <= cap - (len(c[1]) - len(server.calls[0][1])) for c in server.calls)
+
+
+def test_searches_run_off_the_event_loop(tokenizer):
+    """Two trees on one event loop, each first step a search: the retriever returns only once both searches are in
+    flight, which they can be only when neither holds the event loop (a blocking call would wait out the barrier)."""
+    import threading
+
+    from tg.agent.env import SearchEnv
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+
+    barrier = threading.Barrier(2, timeout=10)
+
+    class BarrierRetriever:
+        name = "barrier"
+
+        def search(self, queries, k):
+            barrier.wait()
+            return [[{"id": "0", "title": "t", "contents": "5"}] for _ in queries]
+
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "vllm", "prompt_length": 256,
+                                                                 "response_length": 128}},
+                               "algorithm": {"tree_grpo": {"env": "calculator"}}})
+    server = ScriptedServer(tokenizer, ["<search> 2 + 3 </search>", "<answer> 5 </answer>"])
+
+    async def run():
+        async def one():
+            loop = V.TreeAgentLoop(trainer_config=DictConfigWrap(config), server_manager=server, tokenizer=tokenizer,
+                                   processor=None, dataset_cls=None, data_config=DictConfigWrap(OmegaConf.create({})))
+            loop.env = SearchEnv(tokenizer, BarrierRetriever(), top_k=1)
+            return await loop.run({"temperature": 1.0}, tree_chain=True, raw_prompt=[{"role": "user", "content": "ok"}])
+        return await asyncio.gather(one(), one())
+
+    outs = asyncio.run(run())
+    assert [len(o) for o in outs] == [1, 1] and not barrier.broken
+
+
+def test_agent_loop_refuses_sglang_in_one_line(tokenizer):
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "sglang", "prompt_length": 64,
+                                                                 "response_length": 64}},
+                               "algorithm": {"tree_grpo": {"env": "calculator"}}})
+    with pytest.raises(ConfigError, match="rollout.name=sglang.*set rollout.name=vllm"):
+        V.TreeAgentLoop(trainer_config=DictConfigWrap(config), server_manager=None, tokenizer=tokenizer,
+                        processor=None, dataset_cls=None, data_config=DictConfigWrap(OmegaConf.create({})))

@@ -61,6 +61,7 @@ with sits in six subpackages.
       rundir.py     a run directory: one owner at a time, its checkpoint and saved config
       reporters.py  `--report-to tensorboard`: each step's metrics as TensorBoard scalars
     integrations/   Tree-GRPO in other trainers: trl.py (a tree rollout_func, a GRPOTrainer with Eq. 7), verl.py
+                    (estimator, tree agent loop, trainer), verl_options.py (its options, index, padding rules)
 
 Glossary (paper symbol -> config field -> argument):
 

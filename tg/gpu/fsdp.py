@@ -5,7 +5,7 @@ LM head, a tied head included). Parameters, gradients and AdamW's moments are sp
 (1 / W each); a unit's full weights exist only while it computes. The frozen reference of the KL term is
 sharded the same way. What differs from one-rank training, numbered:
 1. Rollouts. Ranks decode different numbers of tokens, so a unit cannot gather its weights at each forward
-   (the collective would wait for ranks that have finished): `rollout_context` gathers every unit once,
+   (the collective would wait for ranks that have finished): `gathered` gathers every unit once,
    keeps them whole for the rollout, and shards them again after. A rollout holds the full policy on
    each rank, as vLLM would.
 2. Gradients are reduce-scattered (averaged over the ranks) after every micro-batch's backward and
@@ -50,6 +50,22 @@ def fsdp_units(model: Any) -> list[Any]:
     return [m for m in model.modules() if isinstance(m, FSDPModule)]
 
 
+@contextlib.contextmanager
+def gathered(model: Any) -> Iterator[None]:
+    """Every FSDP2 unit of `model` unsharded once and kept whole inside the block, sharded again after (rule 1);
+    nothing to do for a model without units."""
+    units = fsdp_units(model)
+    for unit in units:
+        unit.set_reshard_after_forward(False, recurse=False)
+        collective(unit.unshard)  # an all-gather: a rank gone is a RankLostError here
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.reshard()
+            unit.set_reshard_after_forward(True, recurse=False)
+
+
 class FullyShardedParallel(DataParallel):
     """W ranks, full fine-tuning sharded by FSDP2; prompts, metrics and files as `DataParallel`."""
 
@@ -68,18 +84,8 @@ class FullyShardedParallel(DataParallel):
     def accumulate(self, model: Any, last: bool) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 
-    @contextlib.contextmanager
-    def rollout_context(self, policy: Any) -> Iterator[None]:
-        units = fsdp_units(policy.model)
-        for unit in units:
-            unit.set_reshard_after_forward(False, recurse=False)
-            collective(unit.unshard)  # an all-gather: a rank gone is a RankLostError here
-        try:
-            yield
-        finally:
-            for unit in units:
-                unit.reshard()
-                unit.set_reshard_after_forward(True, recurse=False)
+    def rollout_context(self, policy: Any) -> contextlib.AbstractContextManager:
+        return gathered(policy.model)
 
     def model_state(self, policy: Any) -> dict[str, torch.Tensor]:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

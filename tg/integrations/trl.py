@@ -27,19 +27,19 @@ Deviations and limits (numbered):
    and handed back in float32.
 3. Each process's generation batch must hold whole trees' groups: per_device_train_batch_size x
    steps_per_generation a multiple of K (TRL itself only needs the global batch to be).
-4. vLLM: TRL's colocate mode only (its LLM, which TRL syncs before every rollout); server mode, sleep mode and
-   tensor parallelism are refused. Its log-probs are vLLM's processed ones (TRL's setting), the HF engine's
-   are at temperature 1 (`GenOut.logprobs`); TRL uses them only for vLLM's importance-sampling correction.
+4. The rollout samples from the trained model itself (the HF engine) inside TRL's parameter gathering
+   (`generation_model`); TRL's vLLM modes (`use_vllm`) and FSDP1 are refused. The HF engine's log-probs are at
+   temperature 1 (`GenOut.logprobs`); TRL uses rollout log-probs only for vLLM's importance-sampling correction.
 5. Sampling follows TRL's `temperature` and `top_p`, so TRL's log-probs (logits / temperature) are those of
    the distribution sampled from; Eq. 8 as `tg.loss` computes it needs temperature 1 (the paper's).
 """
 
 from __future__ import annotations
 
-import os
+import contextlib
 import random
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -49,15 +49,16 @@ from tg.agent.env import Environment, Reward
 from tg.agent.finetune import default_device
 from tg.agent.policy import resolve_dtype
 from tg.config import Config, ConfigError
-from tg.engines.engine import Engine, HFEngine, Sampling, StopChecker
-from tg.engines.vllm_engine import VLLMEngine
+from tg.engines.engine import HFEngine, Sampling
 from tg.gpu.distributed import shard_seed
+from tg.gpu.fsdp import gathered
 from tg.tree import Tree, sample_trees
 from tg.trainer import rollout_seed
 
 try:
     from accelerate.utils import gather_object
     from trl import GRPOConfig, GRPOTrainer
+    from trl.models import unwrap_model_for_generation
 except ImportError as err:  # the `bench` extra
     raise ImportError("tg.integrations.trl needs TRL: pip install -e '.[bench]' (trl==1.16.0)") from err
 
@@ -96,17 +97,31 @@ class TreeRollout:
     def __call__(self, prompts: list[Any], trainer: GRPOTrainer) -> dict[str, list]:
         questions = distinct_prompts(prompts, self.leaves_per_prompt)
         seed = shard_seed(rollout_seed(trainer.args.seed, trainer.state.global_step), trainer.accelerator.process_index)
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        was_training = model.training
-        model.eval()
-        try:
-            trees, _ = sample_trees(rollout_engine(trainer), self.env, [self.env.prompt_ids(q) for q in questions],
-                                    M=self.M, N=self.N, L=self.L, node_rule=self.node_rule, rng=random.Random(seed),
-                                    sampling=Sampling(trainer.temperature, trainer.args.top_p, seed),
-                                    max_step_tokens=self.max_step_tokens, max_context_tokens=self.max_context_tokens)
-        finally:
-            model.train(was_training)
+        with generation_model(trainer) as model:
+            was_training = model.training
+            model.eval()
+            try:
+                trees, _ = sample_trees(HFEngine(model, trainer.processing_class), self.env,
+                                        [self.env.prompt_ids(q) for q in questions], M=self.M, N=self.N, L=self.L,
+                                        node_rule=self.node_rule, rng=random.Random(seed),
+                                        sampling=Sampling(trainer.temperature, trainer.args.top_p, seed),
+                                        max_step_tokens=self.max_step_tokens,
+                                        max_context_tokens=self.max_context_tokens)
+            finally:
+                model.train(was_training)
         return tree_completions([t for ts in trees for t in ts], self.M)
+
+
+@contextlib.contextmanager
+def generation_model(trainer: GRPOTrainer) -> Iterator[Any]:
+    """The trained model as the rollout samples from it: inside TRL's own `unwrap_model_for_generation` (ZeRO-3:
+    every parameter gathered and the hooks removed; gradient checkpointing off), and under FSDP2 every unit
+    unsharded once for the whole rollout (`tg.gpu.fsdp.gathered`: ranks grow different trees, so a gather at
+    each forward would wait for ranks that have finished)."""
+    with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=True,
+                                     gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs
+                                     ) as model, gathered(trainer.model_wrapped), torch.no_grad():
+        yield model
 
 
 def distinct_prompts(prompts: Sequence[Any], k: int) -> list[str]:
@@ -140,29 +155,6 @@ def tree_completions(trees: Sequence[Tree], M: int) -> dict[str, list]:
             out["tree_id"].append(k % M)
             out["step_texts"].append([s.text for s in traj.steps])
     return out
-
-
-def rollout_engine(trainer: GRPOTrainer) -> Engine:
-    """The HF engine on the trainer's model, or, with TRL's `use_vllm`, the LLM TRL colocates and syncs."""
-    if not trainer.use_vllm:
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        return HFEngine(model, trainer.processing_class)
-    return ColocatedVLLM(trainer.vllm_generation.llm, trainer.processing_class)
-
-
-class ColocatedVLLM(VLLMEngine):
-    """`VLLMEngine`'s step-wise generation on an LLM that TRL owns (colocate mode): TRL built it and loads the
-    trainer's weights into it before every rollout, so this engine starts nothing and syncs nothing."""
-
-    def __init__(self, llm: Any, tokenizer: Any) -> None:  # not VLLMEngine.__init__: that one builds an LLM
-        from vllm.platforms import current_platform
-        self.llm, self.tokenizer, self.stop = llm, tokenizer, StopChecker(tokenizer)
-        self.on_cpu, self.lora, self.entropies, self.lora_request = current_platform.is_cpu(), False, False, None
-        self.multiprocessing = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0"
-        self.max_model_len = llm.llm_engine.model_config.max_model_len
-
-    def sync(self, model: Any, probe_ids: Sequence[int] | None = None) -> None:
-        """TRL syncs its LLM before calling the rollout."""
 
 
 def tree_reward(reward: Reward) -> Callable[..., list[float]]:
@@ -199,7 +191,7 @@ def grpo_config_kwargs(cfg: Config) -> dict[str, Any]:
 
 
 def check_args(args: GRPOConfig, rollout: TreeRollout, mode: str) -> None:
-    """Refuse, with the setting to change, a TRL configuration the tree advantage would silently break."""
+    """Refuse, with the setting to change, a TRL configuration the tree advantage or rollout would silently break."""
     if not isinstance(rollout, TreeRollout):
         raise ConfigError("TreeGRPOTrainer: rollout_func must be a TreeRollout (it supplies the trees)")
     k = rollout.leaves_per_prompt
@@ -214,9 +206,8 @@ def check_args(args: GRPOConfig, rollout: TreeRollout, mode: str) -> None:
          "multi_objective_aggregation: leave it 'sum_then_normalize'; the tree advantage normalises the sum"),
         (args.mask_truncated_completions, "mask_truncated_completions must be False: a leaf ends at </answer>, "
                                           "not at EOS, so TRL would mask every leaf"),
-        (args.use_vllm and args.vllm_mode != "colocate", "use_vllm: only vllm_mode='colocate' can grow trees"),
-        (args.use_vllm and args.vllm_enable_sleep_mode, "vllm_enable_sleep_mode must be False with tree rollouts"),
-        (args.use_vllm and args.vllm_tensor_parallel_size != 1, "vllm_tensor_parallel_size must be 1 here"),
+        (args.use_vllm, "use_vllm must be False: the tree rollout samples from the trained model itself (the HF "
+                        "engine inside TRL's parameter gathering); TRL's vLLM modes are not supported"),
     ]
     for bad, message in problems:
         if bad:
@@ -238,6 +229,9 @@ class TreeGRPOTrainer(GRPOTrainer):
         self.last_tree_advantage: TreeAdvantage | None = None
         """The whole generation batch's last advantages and their parts, in float64 (for inspection and tests)."""
         super().__init__(model, reward_funcs, args, rollout_func=rollout_func, **kwargs)
+        if self._dist.fsdp_version == 1:
+            raise ConfigError("TreeGRPOTrainer: FSDP1 cannot run the tree rollout's forwards on gathered weights; set "
+                              "fsdp_config={'fsdp_version': 2}")
 
     def _calculate_rewards(self, inputs: list[dict], *rest: Any) -> torch.Tensor:
         rewards_per_func = super()._calculate_rewards(inputs, *rest)  # [global B, n_funcs], gathered
@@ -258,7 +252,10 @@ class TreeGRPOTrainer(GRPOTrainer):
         self.last_tree_advantage = adv
         n, rank = len(inputs), self.accelerator.process_index
         out["advantages"] = adv.total[rank * n:(rank + 1) * n].to(out["advantages"].device, out["advantages"].dtype)
-        self._logs["advantages"].extend(adv.total.tolist())   # the completions table shows the advantage trained
+        logged = self._logs["advantages"]   # the completions table shows the advantage trained: TRL's replaced
+        for _ in range(min(len(adv.total), len(logged))):
+            logged.pop()
+        logged.extend(adv.total.tolist())
         for name, part in (("adv_intra_std", adv.intra), ("adv_inter_std", adv.inter)):
             self._metrics[mode][f"tg/{name}"].append(float(part.std()))
         return out

@@ -1,13 +1,15 @@
-"""Tree-GRPO in verl (0.9.1): the estimator, the tree index, and the tree rollout as an agent loop (arXiv 2509.21240).
+"""Tree-GRPO in verl (0.9.1): the estimator, the tree rollout as an agent loop, and its trainer (arXiv 2509.21240).
 
-Importing this module registers two names with verl:
+Importing this module registers three names with verl:
 
     algorithm.adv_estimator=tree_grpo                     `compute_tree_grpo_advantage` (Eq. 6-7)
     agent_name tree_grpo_agent                            `TreeAgentLoop` (Algorithm 1, one tree a session)
+    trainer.v1.trainer_mode=tree_grpo_sync                `TreeTrainer` (verl's sync trainer + the tree counts)
 
-and `TreeAgentLoopManager` is the class that `actor_rollout_ref.rollout.agent.agent_loop_manager_class`
-names (docs/verl.md has the whole launch command). Naming the manager imports this module in verl's
-processes, so both registrations happen wherever verl needs them.
+`TreeAgentLoopManager` is the class that `actor_rollout_ref.rollout.agent.agent_loop_manager_class` names, and
+`setup_worker` the Ray hook (`ray_kwargs.ray_init.runtime_env.worker_process_setup_hook`) that imports this
+module in every Ray process, so all three registrations happen before verl looks them up (docs/verl.md has
+the whole launch command).
 
 How the pieces fit verl's V1 trainer (`trainer.use_v1=True`):
 1. Every prompt runs `actor_rollout_ref.rollout.n` = M sessions of the agent loop; each session grows one tree
@@ -17,6 +19,8 @@ How the pieces fit verl's V1 trainer (`trainer.use_v1=True`):
    its own (verl then scores every leaf alone) and rewrites its `uid` to `tree_index(uid, tree)` =
    'prompt_uid|tree_id'. The estimator parses it back (`parse_tree_index`) and calls `tg.advantage`.
 3. Every leaf's scalar advantage is broadcast over its response mask, as verl's own GRPO estimator does.
+4. Rows outside a tree (verl's padding), failed trees and the response cap follow the rules of
+   `tg.integrations.verl_options` (numbered there); `TreeTrainer` logs their counts each step.
 
 Options, one section `algorithm.tree_grpo` (`TreeGRPOOptions`; a key verl does not know is added with `+`).
 
@@ -28,116 +32,42 @@ Deviations from the paper / the official code (numbered):
    is 0 and `tree_grpo` on chains equals verl's `grpo`; 'raw' is the official code's R / (1 + eps).
 3. `algorithm.norm_adv_by_std_in_grpo=False` (Dr.GRPO's mean-only advantage) is refused: the paper divides by
    the std (Eq. 6).
-4. Validation grows the tree too (the agent loop is not told it is validating); only the seed chain, sampled
-   with verl's validation settings, is stored and scored, so the expansions' compute is spent for nothing.
+4. Validation samples one chain per session (no expansion) with verl's validation settings and keeps the
+   prompt's `uid`, so verl reports it per prompt.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from dataclasses import dataclass, fields
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 from uuid import uuid4
 
 import numpy as np
 import ray
-import torch
 import transfer_queue as tq
 from torch import Tensor
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 from verl.trainer.ppo.core_algos import register_adv_est
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
+from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
 from tg.advantage import tree_grpo
 from tg.agent.calculator import CalculatorEnv
 from tg.agent.env import Environment, SearchEnv
 from tg.agent.protocol import STOP_STRINGS, Step
-from tg.config_values import ConfigError
 from tg.engines.engine import GenOut
-from tg.tree import NODE_RULES, Tree, choose_nodes
+from tg.integrations.verl_options import (AGENT_LOOP, ESTIMATOR, MODES, SEP, TRAINER, TreeGRPOOptions,  # noqa: F401
+                                          check_engine, parse_tree_index, response_budget, tree_index,
+                                          tree_options, tree_step_metrics)
+from tg.tree import Tree, choose_nodes
 
-ESTIMATOR = "tree_grpo"
-AGENT_LOOP = "tree_grpo_agent"
-SEP = "|"
-MODES = ("intra", "inter", "intra+inter")
-
-
-@dataclass(frozen=True)
-class TreeGRPOOptions:
-    """`algorithm.tree_grpo`: the estimator's options (first group) and the tree rollout's (second)."""
-
-    mode: str = "intra+inter"
-    """'intra', 'inter' or 'intra+inter' = A_intra + A_inter (Eq. 7), the paper's Tree-GRPO."""
-    singleton: str = "zero"
-    """A group of one gets 'zero' or 'raw' = R / (1 + eps) (deviation 2)."""
-    unbiased: bool = True
-    """n-1 std (torch.std, as verl's grpo and the official code) or n."""
-    N: int = 2
-    """Nodes expanded per tree per round (the paper's N); M is actor_rollout_ref.rollout.n."""
-    L: int = 1
-    """Expansion rounds (the paper's L); a tree has 1 + L N leaves."""
-    node_rule: str = "paper"
-    """Node choice: 'paper', 'official' or 'entropy' (`tg.tree.NODE_RULES`; 'entropy' needs entropies,
-    which verl's servers do not report: every node scores 0 and the earliest N are chosen)."""
-    env: str = "search"
-    """'search' (`SearchEnv` on an HTTP retriever at `retriever_url`) or 'calculator'."""
-    retriever_url: str = "http://127.0.0.1:8000/retrieve"
-    top_k: int = 3
-    """Documents per search (the paper's top-k)."""
-    max_turns: int = 3
-    """Tool calls before the forced final step (the paper's max tool calls)."""
-    max_obs_tokens: int = 500
-    max_step_tokens: int = 500
-    """Per-step generation cap; a leaf's whole response is also capped by rollout.response_length."""
-
-
-def tree_options(config: Mapping[str, Any] | None) -> TreeGRPOOptions:
-    """`TreeGRPOOptions` from verl's algorithm config (its `tree_grpo` section; defaults where absent)."""
-    config = config or {}
-    if not config.get("norm_adv_by_std_in_grpo", True):
-        raise ConfigError("algorithm.norm_adv_by_std_in_grpo=False is not Tree-GRPO (Eq. 6 divides by the std); "
-                          "set it to True")
-    section = dict(config.get("tree_grpo") or {})
-    known = {f.name for f in fields(TreeGRPOOptions)}
-    unknown = sorted(set(section) - known)
-    if unknown:
-        raise ConfigError(f"algorithm.tree_grpo has unknown keys {unknown}; known: {sorted(known)}")
-    opts = TreeGRPOOptions(**section)
-    if opts.mode not in MODES:
-        raise ConfigError(f"algorithm.tree_grpo.mode must be one of {MODES}, got {opts.mode!r}")
-    if opts.node_rule not in NODE_RULES:
-        raise ConfigError(f"algorithm.tree_grpo.node_rule must be one of {tuple(NODE_RULES)}, got {opts.node_rule!r}")
-    if opts.env not in ("search", "calculator"):
-        raise ConfigError(f"algorithm.tree_grpo.env must be 'search' or 'calculator', got {opts.env!r}")
-    if opts.N < 0 or opts.L < 0:
-        raise ConfigError(f"algorithm.tree_grpo.N and .L must be >= 0, got N={opts.N}, L={opts.L}")
-    return opts
-
-
-def tree_index(prompt_uid: str, tree_id: int | str) -> str:
-    """The group index of one leaf: 'prompt_uid|tree_id' (verl's `uid` carries only the prompt)."""
-    return f"{prompt_uid}{SEP}{tree_id}"
-
-
-def parse_tree_index(index: Sequence[str]) -> tuple[Tensor, Tensor]:
-    """'prompt_uid|tree_id' strings -> (prompt_ids [G], tree_ids [G]) long codes in order of first appearance.
-
-    The split is at the last '|', so a prompt uid may itself contain '|'.
-    """
-    prompts: dict[str, int] = {}
-    trees: dict[tuple[str, str], int] = {}
-    p_ids, t_ids = [], []
-    for entry in index:
-        prompt, sep, tree = str(entry).rpartition(SEP)
-        if not sep:
-            raise ValueError(f"index entry {entry!r} is not 'prompt_uid{SEP}tree_id': run the tree rollout "
-                             f"(actor_rollout_ref.rollout.agent.agent_loop_manager_class="
-                             f"{__name__}.TreeAgentLoopManager), which writes it")
-        p_ids.append(prompts.setdefault(prompt, len(prompts)))
-        t_ids.append(trees.setdefault((prompt, tree), len(trees)))
-    return torch.tensor(p_ids, dtype=torch.long), torch.tensor(t_ids, dtype=torch.long)
+RETRIEVAL_THREADS = 64
+"""Threads a worker process runs environment calls on (each search is one blocking HTTP request)."""
 
 
 @register_adv_est(ESTIMATOR)
@@ -149,7 +79,8 @@ def compute_tree_grpo_advantage(token_level_rewards: Tensor, response_mask: Tens
     Args:
         token_level_rewards: [B, T] float; a leaf's outcome reward is its row sum (verl puts it on the last token).
         response_mask: [B, T] 0/1, the policy's own tokens.
-        index: [B] 'prompt_uid|tree_id' strings (`tree_index`).
+        index: [B] 'prompt_uid|tree_id' strings (`tree_index`); a row without '|' is outside every tree and gets
+            0 (verl_options rule 1).
         epsilon: added to each group's std (verl's grpo default 1e-6).
         config: verl's algorithm config; its `tree_grpo` section gives `TreeGRPOOptions`.
         kwargs: what verl passes to other estimators (e.g. reward_baselines); unused.
@@ -158,10 +89,10 @@ def compute_tree_grpo_advantage(token_level_rewards: Tensor, response_mask: Tens
     """
     opts = tree_options(config)
     scores = token_level_rewards.sum(dim=-1)                                              # [B]
-    prompt_ids, tree_ids = parse_tree_index(index)
+    prompt_ids, tree_ids, in_tree = parse_tree_index(index)
     adv = tree_grpo(scores, tree_ids, prompt_ids, opts.mode, eps=epsilon, unbiased=opts.unbiased,
                     singleton=opts.singleton)                                             # [B]
-    adv = adv.unsqueeze(-1) * response_mask                                               # [B, T]
+    adv = (adv * in_tree).unsqueeze(-1) * response_mask                                   # [B, T]
     return adv, adv
 
 
@@ -218,53 +149,76 @@ def finish_reason(ids: Sequence[int], text: str, eos_ids: Sequence[int]) -> str:
     return "stop" if text.rstrip().endswith(STOP_STRINGS) else "length"
 
 
+def fit_response(step: Step, room: int) -> Step:
+    """The step within the `room` response tokens left (verl_options rule 3): a step that fills it ends the
+    episode, its observation cut to fit. The step's generated ids already fit (max_tokens <= room)."""
+    if step.ends_episode or len(step.ids) < room:
+        return step
+    step.obs_ids, step.ends_episode = step.obs_ids[:room - len(step.gen_ids)], True
+    return step
+
+
+@cache
+def retrieval_pool() -> ThreadPoolExecutor:
+    """The process's threads for environment calls, so a blocking search never stalls the event loop."""
+    return ThreadPoolExecutor(RETRIEVAL_THREADS, thread_name_prefix="tg-env")
+
+
 @register(AGENT_LOOP)
 class TreeAgentLoop(AgentLoopBase):
     """One session = one tree (`grow_tree`) on verl's rollout servers; returns its leaves, seed chain last.
 
     Each step is one `server_manager.generate` call on the exact token ids of the node's context, stopped at
-    `tg.agent.protocol.STOP_STRINGS`; the kit's environment parses the action and appends the observation ids.
-    All calls of a tree share one sticky request id, so they reach one server and its prefix cache.
+    `tg.agent.protocol.STOP_STRINGS`; the kit's environment parses the action and appends the observation ids,
+    on `retrieval_pool` (off the event loop). All calls of a tree share one sticky request id, so they reach one
+    server and its prefix cache. A leaf's response stays within rollout.response_length (`fit_response`).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        check_engine(self.rollout_config.name)
         self.opts = tree_options(self.config.algorithm)
         self.env = make_environment(self.opts, self.tokenizer)
         eos = self.tokenizer.eos_token_id
         self.eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
 
-    async def step(self, context: list[int], turns: int, *, sampling_params: dict[str, Any], request_id: str) -> Step:
-        """One agent step from `context`: the server's sampled ids, then the environment's observation."""
-        room = self.rollout_config.prompt_length + self.rollout_config.response_length - len(context)
+    async def step(self, context: list[int], turns: int, room: int, *, sampling_params: dict[str, Any],
+                   request_id: str) -> Step:
+        """One agent step from `context` with `room` response tokens left: the server's sampled ids, then the
+        environment's observation."""
         params = {**sampling_params, "stop": list(STOP_STRINGS), "include_stop_str_in_output": True,
-                  "max_tokens": max(1, min(self.opts.max_step_tokens, room))}
+                  "max_tokens": min(self.opts.max_step_tokens, room)}
         out = await self.server_manager.generate(request_id=request_id, prompt_ids=context, sampling_params=params)
         text = self.tokenizer.decode(out.token_ids, skip_special_tokens=False)
         gen = GenOut(list(out.token_ids), list(out.log_probs or []), finish_reason(out.token_ids, text, self.eos_ids))
-        return self.env.observe([gen], [turns])[0]
+        steps = await asyncio.get_running_loop().run_in_executor(retrieval_pool(), self.env.observe, [gen], [turns])
+        return fit_response(steps[0], room)
 
-    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
+    async def run(self, sampling_params: dict[str, Any], *, tree_chain: bool = False,
+                  **kwargs: Any) -> list[AgentLoopOutput]:
+        """The tree's leaves (seed chain last); with `tree_chain` (validation) the seed chain alone."""
         prompt_ids = await self.ct_build_initial_tokens(list(kwargs["raw_prompt"]))
-        request_id = uuid4().hex
+        request_id, cap = uuid4().hex, self.rollout_config.response_length
 
         async def step(context: list[int], turns: int) -> Step:
-            return await self.step(context, turns, sampling_params=sampling_params, request_id=request_id)
+            room = cap - (len(context) - len(prompt_ids))
+            return await self.step(context, turns, room, sampling_params=sampling_params, request_id=request_id)
 
-        tree = await grow_tree(step, prompt_ids, N=self.opts.N, L=self.opts.L, rng=random.Random(request_id),
-                               node_rule=self.opts.node_rule)
+        tree = await grow_tree(step, prompt_ids, N=self.opts.N, L=0 if tree_chain else self.opts.L,
+                               rng=random.Random(request_id), node_rule=self.opts.node_rule)
         return [self.leaf_output(tree, leaf) for leaf in leaf_order(tree)]
 
     def leaf_output(self, tree: Tree, leaf: int) -> AgentLoopOutput:
         """A root-to-leaf path as verl's output: response = the steps' ids, mask 0 on observation ids."""
-        traj, cap = tree.trajectory(leaf), self.rollout_config.response_length
+        traj = tree.trajectory(leaf)
         logprobs = None
         if all(s.logprobs and len(s.logprobs) == len(s.gen_ids) for s in traj.steps):   # the server reported them
-            logprobs = [x for s in traj.steps for x in s.logprobs + [0.0] * len(s.obs_ids)][:cap]
-        return AgentLoopOutput(prompt_ids=traj.prompt_ids, response_ids=traj.response_ids[:cap],
-                               response_mask=traj.response_mask[:cap], response_logprobs=logprobs,
+            logprobs = [x for s in traj.steps for x in s.logprobs + [0.0] * len(s.obs_ids)]
+        truncated = len(traj.response_ids) >= self.rollout_config.response_length
+        return AgentLoopOutput(prompt_ids=traj.prompt_ids, response_ids=traj.response_ids,
+                               response_mask=traj.response_mask, response_logprobs=logprobs,
                                num_turns=2 * len(traj.steps), metrics=AgentLoopMetrics(),
-                               extra_fields={"tree_leaf": leaf})
+                               extra_fields={"tree_leaf": leaf, "tree_truncated": truncated})
 
 
 def leaf_session(tree: int, leaf: int, leaves_per_tree: int) -> int:
@@ -276,22 +230,27 @@ def leaf_session(tree: int, leaf: int, leaves_per_tree: int) -> int:
 class TreeAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
     """verl's TransferQueue agent-loop worker, with a tree's leaves stored the way Tree-GRPO needs them.
 
-    Key '{uid}_{leaf_session}_0' per leaf (the replay buffer groups keys by the prompt uid before the first
-    '_'), then the leaf's `uid` field rewritten to `tree_index(uid, tree)`, the index the estimator groups by.
-    In validation only the seed chain (the last leaf) is stored.
+    Training: key '{uid}_{leaf_session}_0' per leaf (the replay buffer groups keys by the prompt uid before the
+    first '_'), then the leaf's `uid` field rewritten to `tree_index(uid, tree)`, the index the estimator groups
+    by. Validation: the agent loop samples one chain (`tree_chain`), stored as verl stores any session, under
+    the prompt's `uid`.
     """
 
+    async def _run_agent_loop(self, sampling_params: dict[str, Any], trajectory: dict[str, Any], *,
+                              agent_name: str, trace: bool = True, **kwargs: Any) -> Any:
+        return await super()._run_agent_loop(sampling_params, trajectory, agent_name=agent_name, trace=trace,
+                                             tree_chain=bool(trajectory["validate"]), **kwargs)
+
     async def _agent_loop_postprocess(self, output: Any, validate: bool, **kwargs: Any) -> None:
-        if not (isinstance(output, list) and output and "tree_leaf" in output[0].extra_fields):
+        kwargs.pop("tree_chain", None)
+        if validate or not (isinstance(output, list) and output and "tree_leaf" in output[0].extra_fields):
             return await super()._agent_loop_postprocess(output, validate, **kwargs)
         uid, tree = kwargs["uid"], int(kwargs["session_id"])
-        leaves = output[-1:] if validate else output
-        sessions = [leaf_session(tree, j, len(output)) for j in range(len(leaves))]
-        for leaf, session in zip(leaves, sessions):
+        sessions = [leaf_session(tree, j, len(output)) for j in range(len(output))]
+        for leaf, session in zip(output, sessions):
             await super()._agent_loop_postprocess(leaf, validate, **{**kwargs, "session_id": session})
         rows = list_of_dict_to_tensordict([{"uid": tree_index(uid, tree)} for _ in sessions])
-        await tq.async_kv_batch_put(keys=[f"{uid}_{s}_0" for s in sessions], fields=rows,
-                                    partition_id="val" if validate else "train")
+        await tq.async_kv_batch_put(keys=[f"{uid}_{s}_0" for s in sessions], fields=rows, partition_id="train")
 
 
 class TreeAgentLoopManager(AgentLoopManagerTQ):
@@ -300,3 +259,24 @@ class TreeAgentLoopManager(AgentLoopManagerTQ):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.agent_loop_workers_class = ray.remote(TreeAgentLoopWorker)
+
+
+@register_trainer(TRAINER)
+class TreeTrainer(PPOTrainerSync):
+    """verl's sync trainer that logs the step's tree counts (`tree_step_metrics`) after the advantage."""
+
+    def _compute_advantage(self, batch: Any, metrics: dict) -> Any:
+        batch = super()._compute_advantage(batch, metrics)
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                               select_fields=["uid", "extra_fields"])
+        extra = [e if isinstance(e, dict) else {} for e in data.pop("extra_fields").tolist()]  # as verl reads them
+        opts = tree_options(self.config.algorithm)
+        metrics.update(tree_step_metrics(data.pop("uid").tolist(), [t.get("is_padding", False) for t in batch.tags],
+                                         [e.get("tree_truncated", False) for e in extra],
+                                         self.config.actor_rollout_ref.rollout.n, 1 + opts.L * opts.N))
+        return batch
+
+
+def setup_worker() -> None:
+    """Ray's `worker_process_setup_hook`: importing this module has registered the estimator, the agent loop and
+    the trainer in the process, which is all the hook is for."""
