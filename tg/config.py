@@ -166,8 +166,8 @@ def _smol() -> dict[str, Any]:
         warmup=WarmupConfig(n_demos=240, multi_hop_share=0.6, early_stop_share=0.3, steps=60, batch_size=4, lr=1e-3,
                             observation_loss=False),
         agent=AgentConfig(max_step_tokens=128),
-        optim=OptimConfig(steps=16, prompts_per_step=4, mini_batch_prompts=4, micro_batch_rows=6, lr=1e-4,
-                          checkpoint_every=5),
+        optim=OptimConfig(steps=6, prompts_per_step=4, mini_batch_prompts=4, micro_batch_rows=6, lr=1e-4,
+                          checkpoint_every=2),
         eval=EvalConfig(n_single=50, n_multi=50, batch_size=50),
     )
 
