@@ -28,12 +28,14 @@ def tree_shape(M: int, N: int, L: int) -> tuple[int, int, float]:
 
 def tree_advantages(rewards, tree_ids, prompt_ids, eps=1e-6):
     """03: (R - mean) / (std + eps) within each (prompt, tree) and within each prompt (Eq. 6), summed (Eq. 7).
-    torch.std divides by n - 1; a group whose rewards are all equal gets (about) 0 thanks to eps."""
+    torch.std divides by n - 1; a group whose rewards are all equal gets (about) 0 thanks to eps, and a group of
+    one leaf (a chain's tree) gets 0: the std of one value is nan."""
     def normalised(keys):
         out = torch.zeros_like(rewards)
         for k in set(keys):
             idx = [i for i, key in enumerate(keys) if key == k]
-            out[idx] = (rewards[idx] - rewards[idx].mean()) / (rewards[idx].std() + eps)
+            if len(idx) > 1:
+                out[idx] = (rewards[idx] - rewards[idx].mean()) / (rewards[idx].std() + eps)
         return out
     return normalised(list(zip(prompt_ids.tolist(), tree_ids.tolist()))) + normalised(prompt_ids.tolist())
 

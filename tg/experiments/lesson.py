@@ -165,9 +165,12 @@ _DOES_NOTHING = {"RESUME", "NOP", "LOAD_CONST", "RETURN_VALUE", "RETURN_CONST", 
 
 
 def is_blank(answer: Any) -> bool:
-    """`...`, or a function that only returns a constant (its body `...`, `pass` or `return ...`)."""
+    """`...`, or a function whose body is only `...`, `pass` or `return ...` (one that returns another constant,
+    e.g. `return 0`, is an answer: a wrong one)."""
     code = getattr(answer, "__code__", None)
-    return answer is ... or (code is not None and all(i.opname in _DOES_NOTHING for i in dis.get_instructions(code)))
+    return answer is ... or (code is not None and all(
+        i.opname in _DOES_NOTHING and (i.opname not in ("LOAD_CONST", "RETURN_CONST") or i.argval in (None, ...))
+        for i in dis.get_instructions(code)))
 
 
 def diagnose(got: Any, want: Any, mistakes: Mapping[str, Any], close: Callable[[Any, Any], bool]) -> str | None:
