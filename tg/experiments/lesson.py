@@ -81,6 +81,15 @@ class Lesson:
         return [prompt_ids(self.tok, q.question) for q in questions]
 
 
+def em_by_hops(result: Any) -> dict[str, float]:
+    """An evaluation's (`tg.evaluate.EvalResult`) EM averaged over its single-hop and over its multi-hop sources,
+    {"single": ..., "multi": ...}, picked by name (`tg.agent.data.is_single_hop`), never by column position."""
+    by = result.by_source()
+    return {hops: float(sum(v for k, v in by.items() if is_single_hop(k) == (hops == "single"))
+                        / max(1, sum(is_single_hop(k) == (hops == "single") for k in by)))
+            for hops in ("single", "multi")}
+
+
 def summary(cfg: Config, res: Resources | None = None, model: Any = None) -> str:
     """At most six lines: preset and config hash, model, world, starting policy (with `res`), engine and device."""
     m, d, a = cfg.model, cfg.data, cfg.agent
