@@ -62,6 +62,8 @@ SOLUTIONS = {
     # 04: 2 (1 + N / 2) = 8 gives N = 6; the tree (2, 6, 1) yields 2 (1 + 6) = 14 trajectories per question.
     "04-budget-8": (6, 14),
     # 07: in Table 3 the tree (2, 2, 1) at budget 4 already beats the chain at 16 on multi-hop (36.8 > 33.9).
+    # 05: the same two functions, now trained with (Trainer.advantage_fn, Trainer.loss_fn).
+    "05-own-functions": lambda: (tree_advantages, grpo_loss),
     # 05: r A = 0.7 (-0.5) = -0.35 and clip(0.7, 0.8, 1.2) A = 0.8 (-0.5) = -0.4; the min is -0.4, the clipped
     # branch: flat in r, so no gradient. On the CPU preset LoRA has 4 * 16 * (256 + 2 * 192 + 256 + 3 * 640) = 180,224.
     "05-clip": (-0.4, False),

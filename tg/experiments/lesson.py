@@ -117,7 +117,7 @@ def _policy_name(path: str) -> str:
 
 
 @contextlib.contextmanager
-def _quiet_loading() -> Iterator[None]:
+def quiet_loading() -> Iterator[None]:
     """transformers' "Loading weights" bars off while the policy loads (notebook output stays the lesson's)."""
     from transformers.utils import logging as hf_logging
     was = hf_logging.is_progress_bar_enabled()
@@ -149,7 +149,7 @@ def setup(preset: str | None = None, *, policy: bool = True, threads: int | None
             print(summary(cfg))
         return Lesson(cfg)
     res = load_resources(cfg)
-    with _quiet_loading():
+    with quiet_loading():
         model, tok = load_policy(res.policy_path)
     if verbose:
         print(summary(cfg, res, model))
