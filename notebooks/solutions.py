@@ -28,12 +28,14 @@ def tree_shape(M: int, N: int, L: int) -> tuple[int, int, float]:
 
 def tree_advantages(rewards, tree_ids, prompt_ids, eps=1e-6):
     """03: (R - mean) / (std + eps) within each (prompt, tree) and within each prompt (Eq. 6), summed (Eq. 7).
-    torch.std divides by n - 1; a group whose rewards are all equal gets (about) 0 thanks to eps."""
+    torch.std divides by n - 1; a group whose rewards are all equal gets (about) 0 thanks to eps, and a group of
+    one leaf (a chain's tree) gets 0: the std of one value is nan."""
     def normalised(keys):
         out = torch.zeros_like(rewards)
         for k in set(keys):
             idx = [i for i, key in enumerate(keys) if key == k]
-            out[idx] = (rewards[idx] - rewards[idx].mean()) / (rewards[idx].std() + eps)
+            if len(idx) > 1:
+                out[idx] = (rewards[idx] - rewards[idx].mean()) / (rewards[idx].std() + eps)
         return out
     return normalised(list(zip(prompt_ids.tolist(), tree_ids.tolist()))) + normalised(prompt_ids.tolist())
 
@@ -60,6 +62,8 @@ SOLUTIONS = {
     # 04: 2 (1 + N / 2) = 8 gives N = 6; the tree (2, 6, 1) yields 2 (1 + 6) = 14 trajectories per question.
     "04-budget-8": (6, 14),
     # 07: in Table 3 the tree (2, 2, 1) at budget 4 already beats the chain at 16 on multi-hop (36.8 > 33.9).
+    # 05: the same two functions, now trained with (Trainer.advantage_fn, Trainer.loss_fn).
+    "05-own-functions": lambda: (tree_advantages, grpo_loss),
     # 05: r A = 0.7 (-0.5) = -0.35 and clip(0.7, 0.8, 1.2) A = 0.8 (-0.5) = -0.4; the min is -0.4, the clipped
     # branch: flat in r, so no gradient. On the CPU preset LoRA has 4 * 16 * (256 + 2 * 192 + 256 + 3 * 640) = 180,224.
     "05-clip": (-0.4, False),

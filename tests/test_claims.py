@@ -1,6 +1,8 @@
 """The claims table (tg.experiments.claims, tg.experiments.report): the declared family against the grids, the
 rules of claims 1 and 7, and the generated README blocks against the committed CSVs."""
 
+import json
+import re
 import shutil
 from pathlib import Path
 
@@ -166,3 +168,30 @@ def test_pairs_trained_on_two_cpu_kinds_are_counted():
                for r in evaluate(load_frames())}
     assert [results["sweep", "tree (2,2,1)", "chain-16", s].mixed for s in ("hard", "moderate")] == [5, 5]
     assert results["budget", "tree", "chain", "hard"].mixed == 0
+
+
+TREE_WINS = re.compile(r"\btree(?:'s edge)?\s+(?:wins|leads|ends ahead|is ahead|beats the chain|comes out ahead)"
+                       r"|\btree ahead\b|points the paper's way", re.I)
+"""Prose that says the tree wins in the miniature; only the confirmatory verdict 'holds' would back it."""
+
+
+def _prose() -> dict[str, str]:
+    """Every notebook's markdown cells and every README's text outside its generated blocks."""
+    root = Path(__file__).resolve().parents[1]
+    out = {p.name: "\n".join("".join(c["source"]) for c in json.loads(p.read_text())["cells"]
+                             if c["cell_type"] == "markdown") for p in sorted((root / "notebooks").glob("*.ipynb"))}
+    for p in (root / "README.md", root / "notebooks" / "README.md", root / "results" / "mini" / "README.md"):
+        out[str(p.relative_to(root))] = re.sub(r"<!-- BEGIN (\w+).*?<!-- END \1 -->", "", p.read_text(), flags=re.S)
+    return out
+
+
+def test_no_notebook_or_readme_says_the_tree_wins_unless_the_rows_do():
+    from tg.experiments import confirm, confirm_report
+    for said in ("the tree ends ahead", "with the tree ahead from both starts", "the tree's edge points the paper's way",
+                 "over 60 steps and five seeds the tree leads on multi-hop EM"):
+        assert TREE_WINS.search(said), said
+    verdict = confirm.primary_verdict(confirm_report.load())
+    claims_made = {name: m.group(0) for name, text in _prose().items() if (m := TREE_WINS.search(text))}
+    assert verdict == "holds" or not claims_made, (
+        f"the confirmatory verdict is {verdict!r}, yet {claims_made} say the tree wins: generate the sentence from "
+        "the rows (tg.experiments.findings, confirm_report.sentence) or remove it")

@@ -150,7 +150,8 @@ def test_the_generated_sentence_and_report():
     null = _rows({s: rng.normal(0, 0.3) for s in confirm.STAGE1_SEEDS})
     [look] = confirm.primary_looks(null)
     assert confirm_report.sentence(rows=null).endswith(
-        f": refuted (upper bound {look.test.upper:+.1f} at look 1's level, below the paper's 3.1 on this scale)")
+        f": refuted (upper bound {look.test.upper:+.1f} at look 1's level, below the paper's 3.1 on this scale; "
+        f"an edge up to {look.test.upper:+.1f} EM points is not excluded)")
     assert confirm_report.cost(rows).endswith("): stage 1 (steps 1-60): 1.3 h over 48 runs; in all 1.3 worker hours, "
                                               "about 0.7 h of two cores.")
     horizon = pd.concat([rows, rows.assign(step=120, run_s=50.0)])

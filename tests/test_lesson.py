@@ -116,11 +116,13 @@ def test_tree_shape_solution_passes_and_the_printed_eq4_fails():
         exercises.check_tree_shape(lambda M, N, L: (1 + N, M * (1 + L * N), M * (1 + L * N / 2)))
 
 
-def _normalised(rewards, keys, unbiased=True, eps=1e-6):
+def _normalised(rewards, keys, unbiased=True, eps=1e-6, singletons=True):
+    """(R - mean) / (std + eps) per group; a group of one gets 0 unless `singletons` is False (then nan)."""
     out = torch.zeros_like(rewards)
     for k in set(keys):
         idx = [i for i, key in enumerate(keys) if key == k]
-        out[idx] = (rewards[idx] - rewards[idx].mean()) / (rewards[idx].std(unbiased=unbiased) + eps)
+        if len(idx) > 1 or not singletons:
+            out[idx] = (rewards[idx] - rewards[idx].mean()) / (rewards[idx].std(unbiased=unbiased) + eps)
     return out
 
 
@@ -137,6 +139,51 @@ def test_tree_advantages_solution_passes_and_typical_mistakes_get_their_hint():
     for hint, wrong in mistakes.items():
         with pytest.raises(NotYet, match=hint):
             exercises.check_tree_advantages(wrong)
+
+
+def test_tree_advantages_rejects_nan_on_chains_and_shows_the_smallest_case():
+    trees = lambda p, t: list(zip(p.tolist(), t.tolist()))
+    with pytest.warns(UserWarning, match="degrees of freedom"):   # torch.std of one value
+        with pytest.raises(NotYet, match="tree of one leaf.*rewards \\[[^,]*\\], .*you gave \\[nan\\], tg gives \\[0.0\\]"):
+            exercises.check_tree_advantages(lambda r, t, p: _normalised(r, trees(p, t), singletons=False)
+                                            + _normalised(r, p.tolist(), singletons=False))
+
+
+def test_right_advantages_pass_in_float32_and_a_wrong_shape_is_named():
+    worked = solution("03-tree-advantages")
+    assert "matches tg" in exercises.check_tree_advantages(lambda r, t, p: worked(r, t, p).float())
+    with pytest.raises(NotYet, match="one advantage per leaf: shape \\[1\\], you gave shape \\[1, 1\\]"):
+        exercises.check_tree_advantages(lambda r, t, p: worked(r, t, p)[:, None])
+
+
+def _constant(rewards, tree_ids, prompt_ids):
+    return torch.zeros_like(rewards)
+
+
+def test_a_constant_function_is_a_wrong_answer_not_a_blank(monkeypatch):
+    monkeypatch.delenv(lesson.SOLUTIONS_ENV, raising=False)
+    assert not is_blank(lambda r, t, p: 0) and exercise("03-tree-advantages", _constant) is _constant
+    with pytest.raises(NotYet, match="you gave \\[0.0, 0.0\\], tg gives \\[-1.414, 1.414\\]"):
+        exercises.check_tree_advantages(_constant)
+
+
+def test_tree_shape_tries_chains():
+    """Right whenever N, L >= 1 (all the old random shapes), wrong on a chain."""
+    with pytest.raises(NotYet, match="\\(M, N, L\\) = \\(\\d, 0, \\d\\): you gave .*, tg gives \\(1.0, "):
+        exercises.check_tree_shape(lambda M, N, L: (1 + L * max(N, 1), M * (1 + L * max(N, 1)),
+                                                    M * (1 + L * max(N, 1) / 2)))
+
+
+def test_f1_check_takes_a_prediction_that_normalises_to_nothing():
+    assert "correct" in exercises.check_f1("The!", "Paris", 0, 0, 0)
+
+
+def test_a_right_loss_passes_in_float32_and_as_shape_1():
+    worked = solution("03-grpo-loss")
+    assert "matches tg" in exercises.check_grpo_loss(lambda *a, **k: worked(*(x.float() for x in a), **k))
+    assert "matches tg" in exercises.check_grpo_loss(lambda *a, **k: worked(*a, **k).reshape(1))
+    with pytest.raises(NotYet, match="B, T = \\(2, 2\\).*you gave \\[0.3\\], tg gives"):
+        exercises.check_grpo_loss(lambda *a, **k: torch.tensor([0.3], requires_grad=True))
 
 
 def _loss(logp, old, ref, adv, mask, clip, beta, *, clipped=True, kl_sign=1.0, k3=True, agg="seq", detach=False):

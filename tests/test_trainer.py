@@ -383,3 +383,39 @@ def test_gradient_checkpointing_runs_the_shared_start_per_row_and_trains_alike(c
         assert ckpt_row[k] == pytest.approx(row[k], rel=1e-4, abs=1e-6), k
     for k, w in weights.items():  # AdamW magnifies float-order noise to a small share of lr (as above)
         assert ckpt_weights[k] == pytest.approx(w, abs=0.1 * 1e-3), k
+
+
+@pytest.mark.parametrize("shape", [dict(M=2, N=1, L=1), dict(M=3, N=0, L=0)])
+def test_the_worked_advantage_and_loss_plugged_in_train_like_tg(cfg, warm_policy_dir, make_env, train_questions,
+                                                               tmp_path, shape):
+    """Notebook 05's seams: notebooks/solutions.py's Eq. 7 and Eq. 8 as the trainer's advantage_fn and loss_fn give
+    tg's own run, step for step (a tree, and chains: trees of one leaf), and are called on every step."""
+    from tg.experiments.lesson import solution
+    c = _cfg(cfg, steps=3, checkpoint_every=0).replace(tree=shape)
+    tg_run = _trainer(c, warm_policy_dir, make_env, train_questions, tmp_path / "tg")
+    mine = _trainer(c, warm_policy_dir, make_env, train_questions, tmp_path / "mine")
+    calls = {"advantage": 0, "loss": 0}
+
+    def counted(key, fn):
+        def call(*a, **k):
+            calls[key] += 1
+            return fn(*a, **k)
+        return call
+    mine.advantage_fn = counted("advantage", solution("03-tree-advantages"))
+    mine.loss_fn = counted("loss", solution("03-grpo-loss"))
+    want, got = _strip(tg_run.fit(progress=False)), _strip(mine.fit(progress=False))
+    assert calls["advantage"] == 3 and calls["loss"] >= 3
+    assert [r["reward"] for r in got] == [r["reward"] for r in want] and want[-1]["grad_norm"] > 0
+    for a, b in zip(want, got, strict=True):
+        assert b == pytest.approx(a, rel=1e-4, abs=1e-6)
+    for x, y in zip(_trained(tg_run), _trained(mine), strict=True):
+        assert torch.allclose(x, y, atol=1e-6)
+
+
+def test_a_replaced_loss_needs_the_paper_loss_in_the_config(cfg, warm_policy_dir, make_env, train_questions, tmp_path):
+    from tg.config import ConfigError
+    tr = _trainer(_cfg(cfg, steps=1, checkpoint_every=0, loss_agg="token-mean"), warm_policy_dir, make_env,
+                  train_questions, tmp_path)
+    tr.loss_fn = lambda *a, **k: torch.zeros(())
+    with pytest.raises(ConfigError, match="optim.loss_agg"):
+        tr.step()

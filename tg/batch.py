@@ -2,7 +2,8 @@
 
 - `leaf_rewards`: every leaf scored by the task's reward (Eq. 13 for search), with its EM and format;
 - `leaf_advantages`: each leaf's advantage from the rewards (Eq. 5-7; chains: GRPO by prompt, with GiGPO's
-  step groups where `optim.step_groups`);
+  step groups where `optim.step_groups`); `check_replaceable`: whether a config's advantage and loss are the
+  plain Eq. 7-8 that a function of one's own (`Trainer.advantage_fn`, `Trainer.loss_fn`) may replace;
 - `build_rows`: one training row per leaf, the exact sampled ids and observation mask (shared prefixes repeat),
   with its advantage (one per trajectory, or one per step with step groups: `chain_states` gives the states);
 - `micro_batches`: the PPO mini-batches' micro-batches, each a `Micro` of model inputs (`micro_inputs`).
@@ -13,7 +14,7 @@ Pure functions of the trees, the rewards and the config: no model, no optimiser.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -21,7 +22,7 @@ from tg.advantage import (TreeAdvantage, combine_step_advantages, observation_pr
                           tree_grpo_parts)
 from tg.agent.contract import checked_reward
 from tg.agent.env import Reward
-from tg.config import OptimConfig
+from tg.config import ConfigError, OptimConfig
 from tg.gpu.distributed import minibatch_of
 from tg.packing import PackedBatch, common_prefix, pack_batch, rows_batch
 from tg.reward import answer_score, is_valid_format
@@ -68,6 +69,24 @@ def leaf_advantages(sc: dict[str, list], trees: Sequence[Tree], o: OptimConfig,
     steps = step_group_advantages(rewards, sc["prompt"], [chain_states(t) for t in trees], eps=o.adv_eps,
                                   unbiased=o.adv_unbiased_std, singleton=o.adv_singleton)
     return adv, combine_step_advantages(adv.total, steps, o.step_groups)
+
+
+def check_replaceable(cfg: Any, loss: bool) -> None:
+    """ConfigError unless the config's advantage (and, with `loss`, its loss) is the plain Eq. 7 (Eq. 8) that a
+    `Trainer.advantage_fn` (`loss_fn`) replaces, naming the fields that differ."""
+    o = cfg.optim
+    off = {"optim.advantage": o.advantage != "intra+inter", "optim.step_groups": bool(o.step_groups),
+           "optim.adv_eps": o.adv_eps != 1e-6, "optim.adv_unbiased_std": not o.adv_unbiased_std,
+           "optim.adv_singleton": o.adv_singleton != "zero"}
+    if loss:
+        off.update({"optim.loss_agg": o.loss_agg != "seq-mean", "optim.clip_low/clip_high": o.clip_low != o.clip_high,
+                    "optim.dual_clip": o.dual_clip != 0, "optim.entropy_coef": o.entropy_coef != 0,
+                    "optim.ratio": o.ratio != "token", "optim.kl_beta": o.kl_beta <= 0})
+    if any(off.values()):
+        raise ConfigError(f"a replaced advantage or loss computes Eq. 7-8 as the paper states them; set "
+                          f"{', '.join(k for k, v in off.items() if v)} to the defaults (intra+inter, no step groups, "
+                          "eps 1e-6, n - 1 std, groups of one 0; seq-mean, one clip, no dual clip or entropy, token "
+                          "ratio, kl_beta > 0)")
 
 
 @dataclass

@@ -46,7 +46,7 @@ from tg.agent.env import Environment, Reward
 from tg.agent.finetune import TrainablePolicy
 from tg.agent.protocol import prompt_ids
 from tg.agent.tasks import make_reward
-from tg.batch import Micro, Rows, build_rows, leaf_advantages, leaf_rewards, micro_batches
+from tg.batch import Micro, Rows, build_rows, check_replaceable, leaf_advantages, leaf_rewards, micro_batches
 from tg.budget import Ledger, ledgers
 from tg.config import Config
 from tg.engines.engine import Engine, HFEngine, Sampling
@@ -118,6 +118,14 @@ class Trainer:
         self.step_done = 0
         self.reporters: list[Callable[[dict], None]] = []
         """Called with each step's metrics row after it is written (rank 0; e.g. tg.store.reporters.tensorboard)."""
+        self.advantage_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+        """Replaces the leaves' advantage (Eq. 7) when set: (rewards [G] float64, tree ids [G] numbered within each
+        prompt, prompt ids [G]) -> [G], e.g. notebook 05 trains with the student's `my_tree_advantages`. The
+        logged adv_* statistics stay tg's (tg.batch.leaf_advantages)."""
+        self.loss_fn: Callable[..., torch.Tensor] | None = None
+        """Replaces the loss (Eq. 8) when set: (logp, old_logp, ref_logp [B, T], advantages [B], mask [B, T], *,
+        clip, beta) -> scalar, e.g. the student's `my_grpo_loss`; its value and gradient train, the logged loss
+        statistics stay tg's. Needs the config's loss to be Eq. 8's (`check_replaceable`)."""
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         # a micro-batch's common start runs once (tg.packing.packed_logits), except under gradient checkpointing,
         # whose recomputation in transformers drops a layer's cache, and where the ranks cannot (FSDP2)
@@ -194,6 +202,9 @@ class Trainer:
                                 ref_logp=ref, entropy=ent, clip_low=o.clip_low, clip_high=o.clip_high,
                                 dual_clip=o.dual_clip, agg=o.loss_agg, kl_beta=o.kl_beta, entropy_coef=o.entropy_coef,
                                 ratio=o.ratio)
+        if self.loss_fn is not None:
+            loss = self.loss_fn(logp, logp.detach() if old is None else old, ref, adv, mask, clip=o.clip_low,
+                                beta=o.kl_beta).reshape(())
         if not torch.isfinite(loss):
             raise NonFiniteError(f"step {self.step_done + 1}: loss is {loss.item()} (pg_loss {stats['pg_loss']}, "
                                  f"kl {stats['kl']}); no checkpoint written")
@@ -253,6 +264,12 @@ class Trainer:
         t1 = time.perf_counter()
         sc = leaf_rewards(flat, [q.golden_answers for q in questions], self.reward_fn, [q.question for q in questions])
         adv, row_adv = leaf_advantages(sc, flat, o, self.cfg.tree.is_chain)
+        if self.advantage_fn is not None:
+            check_replaceable(self.cfg, loss=self.loss_fn is not None)
+            row_adv = torch.as_tensor(self.advantage_fn(torch.tensor(sc["reward"], dtype=torch.float64),
+                                                        torch.tensor(sc["tree"]), torch.tensor(sc["prompt"])))
+        elif self.loss_fn is not None:
+            check_replaceable(self.cfg, loss=True)
         stats = self.update(build_rows(flat, row_adv, self.pad_id))
         self.step_done += 1
         stats.update(rollout_s=t1 - t0, update_s=time.perf_counter() - t1 - stats["logprob_s"])

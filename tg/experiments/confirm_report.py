@@ -38,7 +38,7 @@ def sentence(root: str | Path | None = None, rows: pd.DataFrame | None = None) -
         verdict += f", smaller than the paper's {confirm.DELTA:.1f} on this scale"
     if verdict == "refuted":
         verdict += (f" (upper bound {_signed(t.upper)} at look {looks[-1].look}'s level, below the paper's "
-                    f"{confirm.DELTA:.1f} on this scale)")
+                    f"{confirm.DELTA:.1f} on this scale; an edge up to {_signed(t.upper)} EM points is not excluded)")
     return f"{name}, {t.n} fresh seeds: {_signed(t.effect)} (95% CI {t.ci_low:+.1f} to {t.ci_high:+.1f}): {verdict}"
 
 

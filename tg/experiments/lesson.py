@@ -81,6 +81,15 @@ class Lesson:
         return [prompt_ids(self.tok, q.question) for q in questions]
 
 
+def em_by_hops(result: Any) -> dict[str, float]:
+    """An evaluation's (`tg.evaluate.EvalResult`) EM averaged over its single-hop and over its multi-hop sources,
+    {"single": ..., "multi": ...}, picked by name (`tg.agent.data.is_single_hop`), never by column position."""
+    by = result.by_source()
+    return {hops: float(sum(v for k, v in by.items() if is_single_hop(k) == (hops == "single"))
+                        / max(1, sum(is_single_hop(k) == (hops == "single") for k in by)))
+            for hops in ("single", "multi")}
+
+
 def summary(cfg: Config, res: Resources | None = None, model: Any = None) -> str:
     """At most six lines: preset and config hash, model, world, starting policy (with `res`), engine and device."""
     m, d, a = cfg.model, cfg.data, cfg.agent
@@ -108,7 +117,7 @@ def _policy_name(path: str) -> str:
 
 
 @contextlib.contextmanager
-def _quiet_loading() -> Iterator[None]:
+def quiet_loading() -> Iterator[None]:
     """transformers' "Loading weights" bars off while the policy loads (notebook output stays the lesson's)."""
     from transformers.utils import logging as hf_logging
     was = hf_logging.is_progress_bar_enabled()
@@ -140,7 +149,7 @@ def setup(preset: str | None = None, *, policy: bool = True, threads: int | None
             print(summary(cfg))
         return Lesson(cfg)
     res = load_resources(cfg)
-    with _quiet_loading():
+    with quiet_loading():
         model, tok = load_policy(res.policy_path)
     if verbose:
         print(summary(cfg, res, model))
@@ -165,9 +174,12 @@ _DOES_NOTHING = {"RESUME", "NOP", "LOAD_CONST", "RETURN_VALUE", "RETURN_CONST", 
 
 
 def is_blank(answer: Any) -> bool:
-    """`...`, or a function that only returns a constant (its body `...`, `pass` or `return ...`)."""
+    """`...`, or a function whose body is only `...`, `pass` or `return ...` (one that returns another constant,
+    e.g. `return 0`, is an answer: a wrong one)."""
     code = getattr(answer, "__code__", None)
-    return answer is ... or (code is not None and all(i.opname in _DOES_NOTHING for i in dis.get_instructions(code)))
+    return answer is ... or (code is not None and all(
+        i.opname in _DOES_NOTHING and (i.opname not in ("LOAD_CONST", "RETURN_CONST") or i.argval in (None, ...))
+        for i in dis.get_instructions(code)))
 
 
 def diagnose(got: Any, want: Any, mistakes: Mapping[str, Any], close: Callable[[Any, Any], bool]) -> str | None:

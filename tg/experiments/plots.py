@@ -81,6 +81,11 @@ def draw_tree(tree: Tree, advantages: Mapping[int, float] | Sequence[float] | No
     return ax
 
 
+CURVE_LABELS = {"reward": "training reward (mean over leaves)", "em": "training EM (sampled leaves)",
+                "tool_calls_per_traj": "tool calls per trajectory"}
+"""Axis labels of `learning_curves` for the metrics it is usually given (tg.metrics.METRICS defines them)."""
+
+
 def learning_curves(histories: Mapping[str, Sequence[Mapping[str, float]]], keys: Sequence[str] = ("reward", "em"),
                     ax: Any = None) -> Any:
     """Plot metric curves (rows of metrics.jsonl) of several runs, one subplot per key."""
@@ -90,8 +95,8 @@ def learning_curves(histories: Mapping[str, Sequence[Mapping[str, float]]], keys
     for a, key in zip(axes, keys):
         for name, rows in histories.items():
             a.plot([r["step"] for r in rows], [r[key] for r in rows], label=name)
-        a.set_xlabel("step")
-        a.set_ylabel(key)
+        a.set_xlabel("training step")
+        a.set_ylabel(CURVE_LABELS.get(key, key))
         a.grid(alpha=0.3)
     axes[0].legend()
     return axes
