@@ -325,4 +325,6 @@ def test_the_tree_rollout_on_a_real_bpe_tokenizer_and_chat_template(tmp_path):
         n = len(x.response_ids)
         assert out["completion_ids"][i, :n].tolist() == x.response_ids
         assert out["tool_mask"][i, :n].tolist() == x.response_mask and out["completion_mask"][i, n:].sum() == 0
-    assert any(close == x.response_ids[j:j + 3] for x in trajs for j in range(len(x.response_ids)))
+    texts = [tok.decode(x.response_ids) for x in trajs]
+    assert any("</search>" in t for t in texts) and any("</answer>" in t for t in texts)
+    assert not {tok.decode([i]).strip() for x in trajs for i in x.response_ids} & {"</search>", "</answer>"}
