@@ -75,6 +75,24 @@ def test_a_run_resumed_after_an_interruption_counts_its_earlier_steps_in_run_s(t
     assert measure.EARLIER_KEY not in row                       # counted in run_s, not a column of its own
 
 
+def test_a_grid_resumes_a_run_only_under_the_config_its_checkpoint_carries(tmp_path):
+    """A cell whose config changed since its run was checkpointed (a pull, an edited grid) is refused, naming the
+    field, and the run's files are left as they were (no new config hash stamped on old training)."""
+    import torch
+
+    from tg.store.rundir import RunDirError, saved_config
+    cell = mini.Cell("multi-hop/moderate/chain", "train", ("eval.n_single=3", "eval.n_multi=3") + mini.CHAIN4,
+                     seeds=(0,), points=(1, 2))
+    run = tmp_path / "runs" / "mini" / "changed" / "multi-hop_moderate_chain-s0"
+    old = mini.cell_config(cell, 0).with_overrides("optim.lr=0.001")
+    old.save(run)
+    torch.save({"step": 1, "config": old.to_dict()}, run / "checkpoint.pt")
+    with pytest.raises(RunDirError, match=r"optim.lr: 0.001 -> 0.0001\): cell 'multi-hop/moderate/chain' has changed"):
+        runner.run_experiment("changed", workers=1, root=tmp_path, cells=[cell])
+    assert saved_config(run) == old
+    assert not (tmp_path / "results" / "mini" / "changed.csv").exists()
+
+
 def test_until_stops_every_run_at_its_checkpoint_and_a_later_run_goes_on_exactly(tmp_path, capsys):
     """`--until`: the points up to a step now, the rest later. The later call resumes each run from its checkpoint
     (its progress bar counts the one step left), and its rows and per-step metrics equal an uninterrupted run's

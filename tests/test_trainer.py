@@ -111,6 +111,19 @@ def test_resume_falls_back_to_the_previous_checkpoint(straight, cfg, warm_policy
     assert torch.load(run / PREVIOUS, weights_only=False)["step"] == 3   # the corrupt file was not kept as previous
 
 
+def test_resume_under_a_config_that_trains_differently_is_refused(straight, cfg, warm_policy_dir, make_env,
+                                                                 train_questions, tmp_path):
+    """Trainer.fit(resume=True), the path of every resume (`tg train`, `tg mini run`, `tg mini rerun`), checks the
+    config the checkpoint carries, whatever tg_config.json says."""
+    run = _copy_run(straight[0], tmp_path / "run")
+    other = _cfg(cfg, lr=0.5)
+    other.save(run)
+    tr = _trainer(other, warm_policy_dir, make_env, train_questions, run)
+    with pytest.raises(RunDirError, match=r"optim.lr: 0.001 -> 0.5"):
+        tr.fit(resume=True, progress=False)
+    assert tr.step_done == 0
+
+
 @pytest.mark.parametrize("damage", ["both truncated", "garbage, no previous", "empty, no previous"])
 def test_unreadable_checkpoint_names_its_path(straight, cfg, warm_policy_dir, make_env, train_questions, tmp_path,
                                               damage):

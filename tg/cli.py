@@ -9,7 +9,7 @@
     tg preflight [--preset P] [--method ...] [--schedule S] [--gpus K] [--decode-tps X --train-tps Y] [--no-measure]
     tg plan                                      which Table 1 models fit on 1-8 GPUs, estimated cost
     tg doctor                                    installed versions against the tested matrix
-    tg eval     --policy RUN_DIR|PATH [--out results/eval.csv]   a run directory: under its saved config and --set
+    tg eval     --policy RUN_DIR|PATH [--out results/eval.csv]   a checkpoint: under the config it was trained with
     tg demo     [--root DIR]                     chain GRPO vs Tree-GRPO from the same warmed-up policy (runs/demo/)
     tg data prepare --setting single-hop|multi-hop --out DIR [--source HUB_ID|LOCAL_DIR]
     tg data corpus  --out DIR [--source HUB_ID|wiki-18.jsonl.gz] [--index]   wiki-18 (+ its BM25 index)
@@ -38,8 +38,8 @@ from tg.config import Config, ConfigError, load_config
 def _config(args: argparse.Namespace) -> Config:
     """The command's config: the preset, schedule and recipe, then --set, then what --method, --steps and --seed
     say (a count given is used as given: a zero or negative one is refused by the config's checks, never
-    replaced by a default), validated once, after all of them. `tg eval --policy RUN_DIR` starts instead from
-    the run's saved config."""
+    replaced by a default), validated once, after all of them. `tg eval --policy RUN_DIR|CHECKPOINT` starts
+    instead from the config the checkpoint was trained with."""
     given = method_overrides(args.method, args.M, args.N, args.L, args.group_size) if getattr(args, "method", None) \
         else []
     given += [f"optim.{k}={getattr(args, k)}" for k in ("steps", "seed") if getattr(args, k, None) is not None]
@@ -53,16 +53,17 @@ def _config(args: argparse.Namespace) -> Config:
 
 
 def _eval_run_config(args: argparse.Namespace) -> Config | None:
-    """The saved config of the run `tg eval --policy` names (None for a model or hub id): the run is evaluated
-    as it was trained (its task, reward, fine-tuning and preset), changed only by --set."""
-    from tg.pipeline import policy_source, run_config
-    if not args.policy:
-        return None
-    saved = run_config(policy_source(args.policy)[1])
+    """The config the checkpoint `tg eval --policy` names was trained with (`tg.store.rundir.trained_config`; None for
+    a model or hub id): the run is evaluated as it was trained (its task, reward, fine-tuning and preset), changed
+    only by --set, wherever the checkpoint lies."""
+    from tg.pipeline import policy_source
+    from tg.store.rundir import trained_config
+    checkpoint = policy_source(args.policy)[1] if args.policy else None
+    saved = trained_config(checkpoint) if checkpoint is not None else None
     chosen = [f"--{k}" for k in ("preset", "schedule", "recipe") if getattr(args, k) is not None]
     if saved is not None and chosen:
-        raise ConfigError(f"tg eval --policy {args.policy} evaluates the run under its saved tg_config.json "
-                          f"(preset {saved.preset}): drop {', '.join(chosen)}, and change single fields with --set")
+        raise ConfigError(f"tg eval --policy {args.policy} evaluates the checkpoint under the config it was trained "
+                          f"with (preset {saved.preset}): drop {', '.join(chosen)}, and change single fields with --set")
     return saved
 
 

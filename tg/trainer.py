@@ -56,7 +56,7 @@ from tg.memory import keep_freed_memory
 from tg.metrics import step_metrics
 from tg.packing import packed_logits
 from tg.store.files import atomic_write_text
-from tg.store.rundir import has_checkpoint, read_checkpoint, run_lock, write_checkpoint
+from tg.store.rundir import check_trained_as, has_checkpoint, read_checkpoint, run_lock, write_checkpoint
 from tg.tree import RolloutStats, Tree, sample_trees
 
 logger = logging.getLogger(__name__)
@@ -286,7 +286,9 @@ class Trainer:
         return write_checkpoint(self.run_dir, state)
 
     def load_checkpoint(self) -> int:
-        """Restore the newest readable checkpoint (checkpoint.pt, else checkpoint.prev.pt, with a warning)."""
+        """Restore the newest readable checkpoint (checkpoint.pt, else checkpoint.prev.pt, with a warning); refused
+        (RunDirError) when it was trained under a config that trains differently (tg.store.rundir.check_trained_as)."""
+        check_trained_as(self.run_dir, self.cfg, "resume under the trained values, or train in a new run directory")
         loaded = read_checkpoint(self.run_dir)
         if loaded.skipped:
             logger.warning("%s; resuming from the previous checkpoint %s (step %d)", loaded.skipped, loaded.path,

@@ -112,9 +112,14 @@ def _job_rows(job: Job, root: Path) -> Iterator[dict]:
                "eval_s": round(time.perf_counter() - t0, 1), QUESTIONS_KEY: _questions(result, res, cfg)}
     else:
         from tg.pipeline import build_run, train_and_evaluate
-        from tg.store.rundir import has_checkpoint, read_checkpoint
-        run = build_run(cfg, root / "runs" / "mini" / job.experiment / f"{job.cell.name}-s{job.seed}".replace("/", "_"))
-        resumed_at = read_checkpoint(run.trainer.run_dir, mmap=True).state["step"] if has_checkpoint(run.trainer.run_dir) else 0
+        from tg.store.rundir import check_trained_as, has_checkpoint, read_checkpoint
+        run_dir = root / "runs" / "mini" / job.experiment / f"{job.cell.name}-s{job.seed}".replace("/", "_")
+        resumed_at = 0
+        if has_checkpoint(run_dir):  # a run an earlier grid run began: resumed only under the config it trained with
+            check_trained_as(run_dir, cfg, f"cell {job.cell.name!r} has changed since; move {run_dir} away to train "
+                                           "it anew under the new config")
+            resumed_at = read_checkpoint(run_dir, mmap=True).state["step"]
+        run = build_run(cfg, run_dir)
         machines = _run_machines(run.trainer.run_dir, resumed_at > 0)
         for p, metrics, result in train_and_evaluate(run, cfg, job.points, resumed_at > 0, progress=False):
             prev = max((q for q in job.cell.points if q < p), default=0)
