@@ -75,6 +75,19 @@ def test_a_run_resumed_after_an_interruption_counts_its_earlier_steps_in_run_s(t
     assert measure.EARLIER_KEY not in row                       # counted in run_s, not a column of its own
 
 
+def test_a_failed_job_in_a_worker_process_fails_the_grid_run(tmp_path, capsys):
+    """With worker processes (the default), a job that fails is printed and the other jobs go on, and then the run
+    fails (`tg mini run` exits 1: JobsFailed is a user error), so `tg mini run X && tg mini report` stops there."""
+    from tg.cli import user_error
+    good = mini.Cell("toy-tree", "theory", seeds=(0,))
+    bad = mini.Cell("broken", "theory", ("optim.lr=abc",), seeds=(0,))
+    with pytest.raises(runner.JobsFailed, match=r"experiment two: 1 job\(s\) failed .* rerun the same command") as err:
+        runner.run_experiment("two", workers=2, root=tmp_path, cells=[good, bad])
+    assert user_error(err.value)
+    assert "FAILED broken seed 0: ConfigError: config field `optim.lr`" in capsys.readouterr().out
+    assert [r["cell"] for r in _rows(tmp_path / "results" / "mini" / "two.csv")] == ["toy-tree"]
+
+
 def test_a_grid_resumes_a_run_only_under_the_config_its_checkpoint_carries(tmp_path):
     """A cell whose config changed since its run was checkpointed (a pull, an edited grid) is refused, naming the
     field, and the run's files are left as they were (no new config hash stamped on old training)."""

@@ -105,7 +105,8 @@ def _add_method(p: argparse.ArgumentParser, required: bool) -> None:
 USER_ERRORS = ("tg.config_values:ConfigError", "tg.agent.data:DataError", "tg.agent.server:RetrieverUnavailableError",
                "tg.agent.server:RetrieverResponseError", "tg.agent.server:ServerStartError",
                "tg.trainer:NonFiniteError", "tg.engines.vllm_setup:VLLMSetupError",
-               "tg.engines.vllm_engine:PolicySyncError", "tg.gpu.distributed:RankLostError", "tg.agent.env:PluginError")
+               "tg.engines.vllm_engine:PolicySyncError", "tg.gpu.distributed:RankLostError", "tg.agent.env:PluginError",
+               "tg.experiments.runner:JobsFailed")
 """Errors whose message names the problem and its fix (PolicyError is a ConfigError): printed as one line."""
 
 COMMANDS = {

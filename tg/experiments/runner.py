@@ -45,6 +45,11 @@ def _worker(jobs: Any, out: Any, root: str) -> None:
             out.put(("done", job, None))
 
 
+class JobsFailed(RuntimeError):
+    """Jobs of a grid failed in their worker processes (the other jobs went on): the grid's rows are incomplete, and
+    `tg mini run` exits 1 so that a script does not go on to report on them."""
+
+
 def check_workers(workers: int) -> None:
     """ConfigError unless `workers` is a usable process count (at least 1)."""
     if workers < 1:
@@ -62,7 +67,8 @@ def run_experiment(name: str, workers: int = 2, root: str | Path | None = None,
     """Run every missing (cell, seed, point) of experiment `name`; rows go to <root>/results/mini/<name>.csv. One run
     of a grid under a root at a time: a second is refused at once (`run_lock`), so no row is made twice. With
     `until`, only the points up to that step: a run stops at its checkpoint there, and a later call resumes it
-    from that checkpoint (the same state, so its later rows equal those of an uninterrupted run)."""
+    from that checkpoint (the same state, so its later rows equal those of an uninterrupted run). Raises JobsFailed,
+    once every job has ended, when any failed."""
     from tg.agent.world import resolve
     check_workers(workers)
     check_until(until)
@@ -71,6 +77,7 @@ def run_experiment(name: str, workers: int = 2, root: str | Path | None = None,
         cells = [c for c in (replace(c, points=tuple(p for p in c.points if p <= until)) for c in cells) if c.points]
     root = Path(root) if root else resolve(".")
     path = mini_dir(root) / f"{name}.csv"
+    failed = 0
     with exclusive_run(run_lock(root, name), f"`tg mini run {name}` on {mini_dir(root)}"):
         for p in (path, steps_path(path), questions_path(path)):  # a torn last row: dropped (one warning), made again
             drop_torn_row(p, GRID_KEY, ints=("seed", "step"))
@@ -83,8 +90,12 @@ def run_experiment(name: str, workers: int = 2, root: str | Path | None = None,
             jobs = pending_jobs(name, now, path)
             print(f"experiment {name}: {len(now)} cells, {len(jobs)} (cell, seed) jobs to run "
                   f"({sum(len(j.points) for j in jobs)} rows) -> {path}", flush=True)
-            if not jobs or _run_jobs(name, jobs, now, root, path, workers) or name != "confirm":
+            failed = _run_jobs(name, jobs, now, root, path, workers) if jobs else 0
+            if not jobs or failed or name != "confirm":
                 break
+    if failed:
+        raise JobsFailed(f"experiment {name}: {failed} job(s) failed (each printed after FAILED above), so their rows "
+                         f"are missing from {path}: fix the cause and rerun the same command to make them")
     return path
 
 
