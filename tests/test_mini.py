@@ -8,7 +8,7 @@ import pytest
 from tg.agent.warmup import PINNED_DIR
 from tg.budget import matched_chain_group
 from tg.config import ConfigError
-from tg.experiments import measure, mini, runner, summary
+from tg.experiments import cells, grid_files, measure, mini, runner, summary
 from tg.store.files import append_csv_rows
 
 
@@ -30,7 +30,7 @@ def test_training_cell_writes_one_row_per_point_and_resumes(tmp_path):
     """Two evaluation points of a tiny training cell; a second run finds both rows and does nothing."""
     small = ("optim.prompts_per_step=2", "optim.mini_batch_prompts=2", "optim.micro_batch_rows=8",
              "eval.n_single=3", "eval.n_multi=3", "agent.max_step_tokens=40")
-    cell = mini.Cell("multi-hop/moderate/tree", "train", small + mini.TREE221, seeds=(0,), points=(1, 2),
+    cell = cells.Cell("multi-hop/moderate/tree", "train", small + cells.TREE221, seeds=(0,), points=(1, 2),
                      labels=dict(method="tree"))
     path = runner.run_experiment("smoke", workers=1, root=tmp_path, cells=[cell])
     rows = _rows(path)
@@ -43,17 +43,17 @@ def test_training_cell_writes_one_row_per_point_and_resumes(tmp_path):
     assert all(float(x["run_s"]) > float(x["train_s"]) - float(y.get("train_s") or 0)
                for x, y in zip(rows, [{}] + rows))
     assert len(r["config_hash"]) == 12 and r["git_sha"] and r["date"] and measure.EARLIER_KEY not in r
-    steps = _rows(mini.steps_path(path))                          # each step's training metrics, at full precision
+    steps = _rows(grid_files.steps_path(path))                          # each step's training metrics, at full precision
     assert [(r["cell"], r["seed"], r["step"]) for r in steps] == [(cell.name, "0", "1"), (cell.name, "0", "2")]
     assert float(steps[0]["grad_norm"]) > 0 and repr(float(steps[0]["reward"])) == steps[0]["reward"]
-    questions = _rows(mini.questions_path(path))                 # each evaluation's per-question outcomes
+    questions = _rows(grid_files.questions_path(path))                 # each evaluation's per-question outcomes
     assert [(q["cell"], q["step"]) for q in questions] == [(cell.name, "1"), (cell.name, "2")]
     assert questions[0]["n_single"] == "3" and len(questions[0]["correct"]) == len(questions[0]["searches"]) == 6
     assert r["machine"] == open(tmp_path / "runs" / "mini" / "smoke" / "multi-hop_moderate_tree-s0" / "machine.txt").read().strip()
-    before = path.read_text(), mini.steps_path(path).read_text()
-    assert mini.pending_jobs("smoke", [cell], path) == []
+    before = path.read_text(), grid_files.steps_path(path).read_text()
+    assert grid_files.pending_jobs("smoke", [cell], path) == []
     runner.run_experiment("smoke", workers=1, root=tmp_path, cells=[cell])
-    assert (path.read_text(), mini.steps_path(path).read_text()) == before
+    assert (path.read_text(), grid_files.steps_path(path).read_text()) == before
     _check_rerun(path, cell, tmp_path)
     _check_rerun_of_a_copy(path, cell, tmp_path)
 
@@ -63,13 +63,13 @@ def test_a_run_resumed_after_an_interruption_counts_its_earlier_steps_in_run_s(t
     count by their timers, so `run_s` covers every step of the row's segment (and more: loading, evaluation)."""
     small = ("optim.prompts_per_step=2", "optim.mini_batch_prompts=2", "optim.micro_batch_rows=8",
              "eval.n_single=3", "eval.n_multi=3", "agent.max_step_tokens=40", "optim.checkpoint_every=1")
-    first = mini.Cell("multi-hop/moderate/chain", "train", small + mini.CHAIN4, seeds=(0,), points=(1,))
+    first = cells.Cell("multi-hop/moderate/chain", "train", small + cells.CHAIN4, seeds=(0,), points=(1,))
     runner.run_experiment("interrupted", workers=1, root=tmp_path, cells=[first])   # stops after step 1's checkpoint
     (tmp_path / "results" / "mini" / "interrupted.csv").unlink()
-    again = mini.Cell(first.name, "train", first.overrides, seeds=(0,), points=(2,))
+    again = cells.Cell(first.name, "train", first.overrides, seeds=(0,), points=(2,))
     path = runner.run_experiment("interrupted", workers=1, root=tmp_path, cells=[again])
     [row] = _rows(path)
-    steps = _rows(mini.steps_path(path))
+    steps = _rows(grid_files.steps_path(path))
     assert [s["step"] for s in steps if s["cell"] == first.name][-2:] == ["1", "2"]
     assert float(row["run_s"]) > float(row["train_s"]) > 0  # steps 1 and 2, though this attempt trained step 2 only
     assert measure.EARLIER_KEY not in row                       # counted in run_s, not a column of its own
@@ -79,8 +79,8 @@ def test_a_failed_job_in_a_worker_process_fails_the_grid_run(tmp_path, capsys):
     """With worker processes (the default), a job that fails is printed and the other jobs go on, and then the run
     fails (`tg mini run` exits 1: JobsFailed is a user error), so `tg mini run X && tg mini report` stops there."""
     from tg.cli import user_error
-    good = mini.Cell("toy-tree", "theory", seeds=(0,))
-    bad = mini.Cell("broken", "theory", ("optim.lr=abc",), seeds=(0,))
+    good = cells.Cell("toy-tree", "theory", seeds=(0,))
+    bad = cells.Cell("broken", "theory", ("optim.lr=abc",), seeds=(0,))
     with pytest.raises(runner.JobsFailed, match=r"experiment two: 1 job\(s\) failed .* rerun the same command") as err:
         runner.run_experiment("two", workers=2, root=tmp_path, cells=[good, bad])
     assert user_error(err.value)
@@ -94,10 +94,10 @@ def test_a_grid_resumes_a_run_only_under_the_config_its_checkpoint_carries(tmp_p
     import torch
 
     from tg.store.rundir import RunDirError, saved_config
-    cell = mini.Cell("multi-hop/moderate/chain", "train", ("eval.n_single=3", "eval.n_multi=3") + mini.CHAIN4,
+    cell = cells.Cell("multi-hop/moderate/chain", "train", ("eval.n_single=3", "eval.n_multi=3") + cells.CHAIN4,
                      seeds=(0,), points=(1, 2))
     run = tmp_path / "runs" / "mini" / "changed" / "multi-hop_moderate_chain-s0"
-    old = mini.cell_config(cell, 0).with_overrides("optim.lr=0.001")
+    old = cells.cell_config(cell, 0).with_overrides("optim.lr=0.001")
     old.save(run)
     torch.save({"step": 1, "config": old.to_dict()}, run / "checkpoint.pt")
     with pytest.raises(RunDirError, match=r"optim.lr: 0.001 -> 0.0001\): cell 'multi-hop/moderate/chain' has changed"):
@@ -113,10 +113,10 @@ def test_until_stops_every_run_at_its_checkpoint_and_a_later_run_goes_on_exactly
     from tg.metrics import TIMERS
     small = ("optim.prompts_per_step=2", "optim.mini_batch_prompts=2", "optim.micro_batch_rows=8",
              "eval.n_single=3", "eval.n_multi=3", "agent.max_step_tokens=40")
-    cell = mini.Cell("multi-hop/moderate/tree", "train", small + mini.TREE221, seeds=(0,), points=(1, 2),
+    cell = cells.Cell("multi-hop/moderate/tree", "train", small + cells.TREE221, seeds=(0,), points=(1, 2),
                      labels=dict(method="tree"))
     split = runner.run_experiment("split", workers=1, root=tmp_path / "a", cells=[cell], until=1)
-    assert [r["step"] for r in _rows(split)] == ["1"] and mini.pending_jobs("split", [cell], split)[0].points == (2,)
+    assert [r["step"] for r in _rows(split)] == ["1"] and grid_files.pending_jobs("split", [cell], split)[0].points == (2,)
     capsys.readouterr()
     runner.run_experiment("split", workers=1, root=tmp_path / "a", cells=[cell])
     assert "| 1/1 [" in capsys.readouterr().err
@@ -124,8 +124,8 @@ def test_until_stops_every_run_at_its_checkpoint_and_a_later_run_goes_on_exactly
     kept = lambda rows, drop: [{k: v for k, v in r.items() if k not in drop} for r in rows]
     varies = {"run_s", "train_s", "eval_s", "date", "git_sha", *TIMERS}
     assert kept(_rows(split), varies) == kept(_rows(whole), varies) and len(_rows(split)) == 2
-    assert kept(_rows(mini.steps_path(split)), varies) == kept(_rows(mini.steps_path(whole)), varies)
-    assert _rows(mini.questions_path(split)) == _rows(mini.questions_path(whole))
+    assert kept(_rows(grid_files.steps_path(split)), varies) == kept(_rows(grid_files.steps_path(whole)), varies)
+    assert _rows(grid_files.questions_path(split)) == _rows(grid_files.questions_path(whole))
     with pytest.raises(ConfigError, match="--until 0: name the last evaluation step"):
         runner.run_experiment("split", workers=1, root=tmp_path / "a", cells=[cell], until=0)
 
@@ -141,7 +141,7 @@ def _check_rerun(path, cell, tmp_path):
         assert rerun.rerun(path, cell.name, 0, run_dir=tmp_path / "again", out=lines.append).equal
         assert lines[-1] == "identical to the committed values" and sum("| yes |" in x for x in lines) == 2
         assert sum(": equal" in x for x in lines) == 2
-        steps = mini.steps_path(path)
+        steps = grid_files.steps_path(path)
         rows = _rows(steps)
         rows[1]["kl"] = repr(float(rows[1]["kl"]) * (1 + 2 ** -52))
         with steps.open("w", newline="") as f:
@@ -151,7 +151,7 @@ def _check_rerun(path, cell, tmp_path):
         lines = []
         assert not rerun.rerun(path, cell.name, 0, steps=2, run_dir=tmp_path / "third", out=lines.append).equal
         assert sum("| no: kl |" in x for x in lines) == 1 and lines[-1] == "not identical to the committed values"
-    other = mini.Cell(cell.name, "train", cell.overrides + ("optim.lr=0.5",), seeds=(0,), points=cell.points)
+    other = cells.Cell(cell.name, "train", cell.overrides + ("optim.lr=0.5",), seeds=(0,), points=cell.points)
     with mock.patch.object(rerun, "experiments", lambda: {"smoke": [other]}), \
             pytest.raises(ConfigError, match="was made with config .* cannot be rerun exactly"):
         rerun.rerun(path, cell.name, 0)
@@ -163,12 +163,12 @@ def _check_rerun_of_a_copy(path, cell, tmp_path):
     from unittest import mock
 
     from tg.experiments import rerun
-    start = mini.Cell(cell.name.rpartition("/")[0] + "/start", "start", cell.overrides, seeds=(0,))
+    start = cells.Cell(cell.name.rpartition("/")[0] + "/start", "start", cell.overrides, seeds=(0,))
     rows = _rows(path)
     path.unlink()
     append_csv_rows(path, [dict(rows[0], cell=start.name, step="0")] + rows)
-    copy = mini.Cell(cell.name.rpartition("/")[0] + "/(2,2,1)", "train", cell.overrides, seeds=(0,), points=cell.points)
-    copied = mini.reuse_rows([copy], path.with_name("copy.csv"))
+    copy = cells.Cell(cell.name.rpartition("/")[0] + "/(2,2,1)", "train", cell.overrides, seeds=(0,), points=cell.points)
+    copied = grid_files.reuse_rows([copy], path.with_name("copy.csv"))
     assert [(r["cell"], r["step"], r["reused_from"]) for r in copied] == [(copy.name, "1", "smoke"), (copy.name, "2", "smoke")]
     with mock.patch.object(rerun, "experiments", lambda: {"smoke": [start, cell], "copy": [copy]}):
         lines = []
@@ -184,25 +184,25 @@ def test_declared_grids_and_regimes():
         for method in ("chain", "tree"):
             c = budget[f"{setting}/{regime}/{method}"]
             assert len(c.seeds) >= 5 and max(c.points) >= 60  # the issue: >= 5 seeds for the headline claims
-            assert set(mini.REGIMES[regime]) <= set(c.overrides)
+            assert set(cells.REGIMES[regime]) <= set(c.overrides)
     assert all(len(c.seeds) >= 3 for c in grids["ledger"])
-    leaves = {mini.cell_config(c, 0).optim.advantage: set() for c in grids["ablation"] if c.kind == "train"}
+    leaves = {cells.cell_config(c, 0).optim.advantage: set() for c in grids["ablation"] if c.kind == "train"}
     for c in grids["ablation"]:
-        cfg = mini.cell_config(c, 0)
+        cfg = cells.cell_config(c, 0)
         if c.kind == "train" and cfg.tree.N:
             leaves[cfg.optim.advantage].add(1 + cfg.tree.N * cfg.tree.L)
     assert leaves["intra"] == leaves["inter"] == leaves["intra+inter"] == {3, 7}   # Table 4's two tree sizes
-    trees = [mini.cell_config(c, 0).tree for c in grids["shapes"] if c.kind == "train"]
+    trees = [cells.cell_config(c, 0).tree for c in grids["shapes"] if c.kind == "train"]
     assert {matched_chain_group(t.M, t.N, t.L) for t in trees} == {4}                # Table 7's budget ≈4 block
-    for regime in mini.REGIMES:                                           # claims 3-5 in both starts, alike
-        sweep = [mini.cell_config(c, 0) for c in grids["sweep"] if c.kind == "train" and f"/{regime}/" in c.name]
+    for regime in cells.REGIMES:                                           # claims 3-5 in both starts, alike
+        sweep = [cells.cell_config(c, 0) for c in grids["sweep"] if c.kind == "train" and f"/{regime}/" in c.name]
         assert all(cfg.warmup.early_stop_share == (0.95 if regime == "hard" else 0.5) for cfg in sweep)
         assert sorted((c.tree.chain_equivalent_budget, c.tree.is_chain) for c in sweep) == [
             (b, m) for b in (2, 4, 8, 16) for m in (False, True)]                       # Table 3's pairs
         for grid in ("ablation", "shapes", "sweep"):
             assert sum(f"/{regime}/" in c.name for c in grids[grid]) == len(grids[grid]) // 2
     assert all(len(c.seeds) >= 5 for c in grids["sweep"] + grids["ablation"] if c.kind == "train")
-    tree = mini.cell_config(budget["multi-hop/hard/tree"], 3)
+    tree = cells.cell_config(budget["multi-hop/hard/tree"], 3)
     assert (tree.tree.M, tree.tree.N, tree.tree.L, tree.optim.seed, tree.warmup.early_stop_share) == (2, 2, 1, 3, 0.95)
 
 
@@ -259,16 +259,16 @@ def test_rows_of_identical_configurations_are_copied_not_retrained(tmp_path):
     mini_dir = tmp_path / "results" / "mini"
     mini_dir.mkdir(parents=True)
     rows = [dict(cell=tree.name, seed=s, step=p, method="tree", em_multi=10 + s,
-                 config_hash=mini.cell_config(tree, s).hash()) for s in (0, 1) for p in (30, 60)]
+                 config_hash=cells.cell_config(tree, s).hash()) for s in (0, 1) for p in (30, 60)]
     append_csv_rows(mini_dir / "budget.csv", rows)
     append_csv_rows(mini_dir / "ablation.csv", [dict(rows[0], em_multi="", generated_per_q=30)])  # not evaluated
     path = mini_dir / "shapes.csv"
-    copied = mini.reuse_rows([same, other], path)
+    copied = grid_files.reuse_rows([same, other], path)
     assert [(r["cell"], r["seed"], r["step"], r["em_multi"]) for r in _rows(path)] == [
         (same.name, str(s), str(p), str(10 + s)) for s in (0, 1) for p in (30, 60)]
     assert {r["reused_from"] for r in copied} == {"budget"} and {r["method"] for r in copied} == {"(2,2,1)"}
-    assert [(j.cell.name, j.seed) for j in mini.pending_jobs("shapes", [same], path)] == [(same.name, s) for s in (2, 3, 4)]
-    assert mini.reuse_rows([same, other], path) == []   # nothing twice
+    assert [(j.cell.name, j.seed) for j in grid_files.pending_jobs("shapes", [same], path)] == [(same.name, s) for s in (2, 3, 4)]
+    assert grid_files.reuse_rows([same, other], path) == []   # nothing twice
 
 
 def test_cell_summary_pairs_each_cell_with_the_reference_by_seed():
@@ -331,7 +331,7 @@ def test_starting_policies_are_the_ones_behind_the_committed_results(regime):
     from tg.pipeline import load_resources
     cell = f"multi-hop/{regime}/start"
     row = next(r for r in _rows(Path(__file__).parents[1] / "results" / "mini" / "budget.csv") if r["cell"] == cell)
-    cfg = load_config("cpu", *mini.REGIMES[regime], "data.setting=multi-hop")
+    cfg = load_config("cpu", *cells.REGIMES[regime], "data.setting=multi-hop")
     res = load_resources(cfg)
     assert Path(res.policy_path).parent == PINNED_DIR
     model, tok = load_policy(res.policy_path)
@@ -345,15 +345,15 @@ def test_starting_policies_are_the_ones_behind_the_committed_results(regime):
 @pytest.mark.parametrize("grid", ["budget", "sweep", "ablation", "shapes", "branching"])
 def test_each_grid_steps_file_holds_every_run_of_the_grid(grid):
     """Runs copied from another grid (`reused_from`) have their steps copied too, renamed, equal to the source's."""
-    root = mini.mini_dir()
-    rows = mini.read_grid(root / f"{grid}.csv")
-    steps = mini.read_grid(root / "steps" / f"{grid}.csv")
+    root = grid_files.mini_dir()
+    rows = grid_files.read_grid(root / f"{grid}.csv")
+    steps = grid_files.read_grid(root / "steps" / f"{grid}.csv")
     runs = rows[rows["method"] != "start"][["cell", "seed"]].drop_duplicates()
     counts = steps.groupby(["cell", "seed"]).size()
     assert all(counts.get((r.cell, r.seed), 0) == 60 for r in runs.itertuples()), grid
-    assert mini.copy_steps(root / f"{grid}.csv") == 0                           # nothing left to copy
+    assert grid_files.copy_steps(root / f"{grid}.csv") == 0                           # nothing left to copy
     if grid == "budget":   # the hard start's seed-0 runs were trained by `shapes`
-        shapes = mini.read_grid(root / "steps" / "shapes.csv")
+        shapes = grid_files.read_grid(root / "steps" / "shapes.csv")
         a = steps[(steps["cell"] == "multi-hop/hard/tree") & (steps["seed"] == 0)].drop(columns="cell")
         b = shapes[(shapes["cell"] == "multi-hop/hard/(2,2,1)") & (shapes["seed"] == 0)].drop(columns="cell")
         pd.testing.assert_frame_equal(a.reset_index(drop=True), b.reset_index(drop=True))

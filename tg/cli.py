@@ -265,7 +265,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         print("\n".join(rerun.describe_comparison(c) for c in found))
         return 0 if all(c.identical == c.matched for c in found) else 1
     if args.command == "mini":
-        from tg.experiments import claims, mini, report, runner, summary
+        from tg.experiments import claims, mini, report, runner
         if args.action == "run":
             runner.check_workers(args.workers)  # bad input first, before the grid's listing
             runner.check_until(args.until)
@@ -283,7 +283,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                 print(f"rewrote the generated block of {path}")
             print(f"\n{claims.claims_report(args.root)}")
         elif args.action == "report" and args.experiment:
-            print(f"\n## {args.experiment}\n\n{summary.report(args.experiment, args.root)}")
+            print(f"\n## {args.experiment}\n\n{report.grid_report(args.experiment, args.root)}")
         elif args.action == "report":
             print(f"\n{report.full_report(args.root)}")
         return 0

@@ -11,7 +11,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from tg.config import Config
-from tg.experiments.mini import Cell, Job, cell_config, regime_of
+from tg.experiments.cells import Cell, cell_config, regime_of
+from tg.experiments.grid_files import Job, question_outcomes
 from tg.metrics import TIMERS
 from tg.store.files import provenance
 
@@ -43,26 +44,6 @@ def eval_columns(result: Any) -> dict:
     return {"em_single": round(100 * sc[single].mean(), 2), "em_multi": round(100 * sc[multi].mean(), 2),
             "calls_single": round(calls[single].mean(), 3), "calls_multi": round(calls[multi].mean(), 3),
             "n_single": len(single), "n_multi": len(multi)}
-
-
-def question_outcomes(result: Any, questions: list[Any]) -> dict:
-    """One evaluation's test questions, compact: `correct` (one 0/1 character per question) and `searches` (one
-    digit per question), single-hop questions first, in test-set order; `ids` a hash of that order."""
-    import hashlib
-
-    from tg.agent.data import is_single_hop
-    if sorted({float(x) for x in result.scores} - {0.0, 1.0}) or max(result.tool_calls, default=0) > 9:
-        raise ValueError("question outcomes hold 0/1 scores and at most 9 searches per question")
-    n_single = sum(is_single_hop(s) for s in result.sources)
-    return {"n_single": n_single, "ids": hashlib.sha256("\n".join(q.id for q in questions).encode()).hexdigest()[:12],
-            "correct": "".join(str(int(x)) for x in result.scores), "searches": "".join(map(str, result.tool_calls))}
-
-
-def outcome_vector(row: Any, part: str, column: str = "correct") -> np.ndarray:
-    """One question-level row's outcomes of `part` ('single' or 'multi') as an integer array."""
-    digits = np.array([int(c) for c in str(row[column])])
-    n_single = int(row["n_single"])
-    return digits[:n_single] if part == "single" else digits[n_single:]
 
 
 def _training_columns(metrics: list[dict]) -> dict:

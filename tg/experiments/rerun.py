@@ -23,7 +23,9 @@ from typing import Callable
 
 from tg.agent.data import DataError
 from tg.config import ConfigError
-from tg.experiments.mini import Cell, cell_config, experiments, grid_rows, mini_dir, steps_path
+from tg.experiments.cells import Cell, cell_config
+from tg.experiments.grid_files import grid_rows, mini_dir, steps_path
+from tg.experiments.mini import experiments
 from tg.experiments.runner import GRID_THREADS
 from tg.metrics import METRICS, TIMERS
 

@@ -15,8 +15,11 @@ from typing import Any, Iterator
 
 from tg.config import ConfigError
 from tg.experiments.measure import QUESTIONS_KEY, STEPS_KEY, run_job
-from tg.experiments.mini import (GRID_KEY, Cell, Job, append_grid_rows, cell_config, done_keys, mini_dir, pending_jobs,
-                                 questions_path, read_grid, reuse_rows, row_key, run_lock, select_cells, steps_path)
+from tg.experiments import confirm
+from tg.experiments.cells import Cell, cell_config
+from tg.experiments.mini import select_cells
+from tg.experiments.grid_files import (GRID_KEY, Job, append_grid_rows, done_keys, mini_dir, pending_jobs, questions_path,
+                                       read_grid, reuse_rows, row_key, run_lock, steps_path)
 from tg.store.files import drop_torn_row, exclusive_run
 
 
@@ -104,7 +107,6 @@ def _stage_cells(name: str, cells: list[Cell], path: Path) -> list[Cell]:
     (`tg.experiments.confirm.active_cells`, results/mini/confirm.md)."""
     if name != "confirm":
         return cells
-    from tg.experiments import confirm
     rows = read_grid(path) if path.exists() else None
     now = confirm.active_cells(cells, rows)
     print(f"experiment confirm: {confirm.primary_verdict(rows) if rows is not None else 'stage 1 running'}; "

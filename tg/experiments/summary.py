@@ -10,12 +10,12 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from tg.experiments.mini import mini_dir, read_grid
+from tg.experiments.grid_files import mini_dir, read_grid
 from tg.metrics import TIMERS
 
 
 def load_rows(name: str, root: str | Path | None = None) -> pd.DataFrame:
-    """results/mini/<name>.csv as a DataFrame, its rows checked (`tg.experiments.mini.read_grid`: a torn last row
+    """results/mini/<name>.csv as a DataFrame, its rows checked (`tg.experiments.grid_files.read_grid`: a torn last row
     left out, a wrong header or a (cell, seed, step) written twice refused, so no summary averages a row twice);
     ConfigError naming the command when the file is missing."""
     from tg.config import ConfigError
@@ -111,10 +111,8 @@ def markdown(header: list[str], rows: list[list[str]]) -> str:
 
 
 def report(name: str, root: str | Path | None = None) -> str:
-    """A markdown table of an experiment's results (what results/mini/README.md quotes)."""
-    if name == "confirm":  # a verdict by its declared rule, not a table of cells
-        from tg.experiments.confirm_report import report as confirm_report
-        return confirm_report(root)
+    """A markdown table of an experiment's results (what results/mini/README.md quotes); the confirmatory grid's
+    report is a verdict by its declared rule instead (tg.experiments.confirm_report)."""
     df = load_rows(name, root)
     if name == "theory":
         worst = df[["intra_err", "dpo_err", "ratio_err"]].max()
