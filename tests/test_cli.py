@@ -209,3 +209,9 @@ def test_the_methods_shape_applies_before_set_is_checked(trained) -> None:
                  "--steps", "3", "--seed", "0"]) == 0
     [cfg] = trained
     assert (cfg.tree.M, cfg.tree.N, cfg.tree.L, cfg.optim.step_groups, cfg.optim.steps) == (4, 0, 0, 0.5, 3)
+
+
+def test_report_readme_under_a_root_without_readme_is_one_line(tmp_path: Path, capsys) -> None:
+    assert main(["mini", "report", "--readme", "--root", str(tmp_path)]) == 2
+    assert _stderr_line(capsys).startswith(f"tg: {tmp_path / 'README.md'} does not exist: --readme rewrites")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -1,6 +1,7 @@
 """The miniature-reproduction runner (`tg mini`): rows with provenance, resume, the declared grids."""
 
 import csv
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -54,8 +55,28 @@ def test_training_cell_writes_one_row_per_point_and_resumes(tmp_path):
     assert grid_files.pending_jobs("smoke", [cell], path) == []
     runner.run_experiment("smoke", workers=1, root=tmp_path, cells=[cell])
     assert (path.read_text(), grid_files.steps_path(path).read_text()) == before
+    _check_a_run_past_a_missing_row(path, cell, tmp_path)
     _check_rerun(path, cell, tmp_path)
     _check_rerun_of_a_copy(path, cell, tmp_path)
+
+
+def _check_a_run_past_a_missing_row(path, cell, tmp_path):
+    """A run whose checkpoint is past a point whose row is missing (its grid run was killed after the checkpoint,
+    before the row): the points it can still reach are evaluated, and the job fails naming the lost point and the fix,
+    rather than telling the user to delete the training."""
+    from tg.store.rundir import RunDirError
+    before = path.read_text()
+    path.unlink()
+    append_csv_rows(path, [r for r in _rows_of(before) if r["step"] == "2"])
+    with pytest.raises(RunDirError, match=r"checkpoint at step 2, past the evaluation point\(s\) 1 whose rows are "
+                                          r"missing .* move .* away and rerun"):
+        runner.run_experiment("smoke", workers=1, root=tmp_path, cells=[cell])
+    assert [r["step"] for r in _rows(path)] == ["2"]
+    path.write_text(before)
+
+
+def _rows_of(text):
+    return list(csv.DictReader(text.splitlines()))
 
 
 def test_a_run_resumed_after_an_interruption_counts_its_earlier_steps_in_run_s(tmp_path):
@@ -73,6 +94,42 @@ def test_a_run_resumed_after_an_interruption_counts_its_earlier_steps_in_run_s(t
     assert [s["step"] for s in steps if s["cell"] == first.name][-2:] == ["1", "2"]
     assert float(row["run_s"]) > float(row["train_s"]) > 0  # steps 1 and 2, though this attempt trained step 2 only
     assert measure.EARLIER_KEY not in row                       # counted in run_s, not a column of its own
+
+
+def test_a_worker_ends_when_its_parent_is_killed(tmp_path):
+    """SIGKILL of `tg mini run` runs no handler; its workers notice the parent is gone (`runner.watch_parent`) and end
+    within seconds instead of training on as orphans."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    parent = ("import multiprocessing as mp, os, sys, time\n"
+              "from tg.experiments import runner\n"
+              "def child(parent):\n    runner.watch_parent(parent, every_s=0.1)\n"
+              "    print(os.getpid(), 'watching', flush=True)\n    time.sleep(600)\n"
+              "if __name__ == '__main__':\n"
+              "    p = mp.get_context('spawn').Process(target=child, args=(os.getpid(),))\n    p.start()\n    p.join()\n")
+    script = tmp_path / "parent.py"
+    script.write_text(parent)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    child, watching = proc.stdout.readline().split()
+    child = int(child)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie waiting for its reaper has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
 
 
 def test_a_failed_job_in_a_worker_process_fails_the_grid_run(tmp_path, capsys):
@@ -323,8 +380,6 @@ def test_sweep_report_pairs_each_tree_with_the_chain_of_its_budget_and_the_quart
 def test_starting_policies_are_the_ones_behind_the_committed_results(regime):
     """The pinned starting policy of each regime (tg/policies) scores what the committed `start` row of its
     regime says, to the question."""
-    from pathlib import Path
-
     from tg.agent.policy import load_policy
     from tg.config import load_config
     from tg.pipeline import evaluate_model

@@ -93,7 +93,7 @@ def _job_rows(job: Job, root: Path) -> Iterator[dict]:
                "eval_s": round(time.perf_counter() - t0, 1), QUESTIONS_KEY: _questions(result, res, cfg)}
     else:
         from tg.pipeline import build_run, train_and_evaluate
-        from tg.store.rundir import check_trained_as, has_checkpoint, read_checkpoint
+        from tg.store.rundir import RunDirError, check_trained_as, has_checkpoint, read_checkpoint
         run_dir = root / "runs" / "mini" / job.experiment / f"{job.cell.name}-s{job.seed}".replace("/", "_")
         resumed_at = 0
         if has_checkpoint(run_dir):  # a run an earlier grid run began: resumed only under the config it trained with
@@ -102,13 +102,20 @@ def _job_rows(job: Job, root: Path) -> Iterator[dict]:
             resumed_at = read_checkpoint(run_dir, mmap=True).state["step"]
         run = build_run(cfg, run_dir)
         machines = _run_machines(run.trainer.run_dir, resumed_at > 0)
-        for p, metrics, result in train_and_evaluate(run, cfg, job.points, resumed_at > 0, progress=False):
+        passed = [p for p in job.points if p < resumed_at]
+        for p, metrics, result in train_and_evaluate(run, cfg, [p for p in job.points if p >= resumed_at],
+                                                     resumed_at > 0, progress=False):
             prev = max((q for q in job.cell.points if q < p), default=0)
             steps = [{"cell": job.cell.name, "seed": job.seed, **m} for m in metrics if prev < m["step"] <= p]
             earlier = sum(m[k] for m in steps if m["step"] <= resumed_at for k in TIMERS)
             yield {**_provenance(cfg, job.cell, job.seed, p), "machine": machines, **eval_columns(result),
                    **_training_columns(metrics), STEPS_KEY: steps, EARLIER_KEY: earlier,
                    QUESTIONS_KEY: _questions(result, run.resources, cfg)}
+        if passed:  # the later points were evaluated from the checkpoint; these need the run again from its start
+            raise RunDirError(f"{run_dir} holds a checkpoint at step {resumed_at}, past the evaluation point(s) "
+                              f"{', '.join(map(str, passed))} whose rows are missing (its run went on after its last "
+                              f"row was written): the later points are evaluated; move {run_dir} away and rerun the "
+                              "same command to train the run again for them")
 
 
 def _questions(result: Any, res: Any, cfg: Config) -> dict:

@@ -2,12 +2,15 @@
 
 `run_experiment` appends each row to `results/mini/<experiment>.csv` as it arrives and skips rows already there, so
 an interrupted grid resumes where it stopped (training also resumes from the run's last checkpoint under
-`runs/mini/`). Workers are separate processes with one torch thread each; only the parent writes the files."""
+`runs/mini/`). Workers are separate processes with one torch thread each; only the parent writes the files, and a worker ends
+when its parent does (`watch_parent`), even killed, so no orphan trains rows nobody writes."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import signal
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -36,8 +39,20 @@ def _job_span(job: Job) -> tuple[int, int]:
     return max((p for p in job.cell.points if p < min(job.points)), default=0), max(job.points)
 
 
-def _worker(jobs: Any, out: Any, root: str) -> None:
+def watch_parent(parent: int, every_s: float = 1.0) -> None:
+    """End this process (exit 1) within `every_s` seconds of its parent's death, from a daemon thread: a worker
+    whose `tg mini run` was killed (SIGKILL runs no handler) stops instead of training on as an orphan whose rows
+    nobody writes."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        os._exit(1)
+    threading.Thread(target=watch, name="watch-parent", daemon=True).start()
+
+
+def _worker(jobs: Any, out: Any, root: str, parent: int) -> None:
     from tg.agent.warmup import torch_threads
+    watch_parent(parent)
     with torch_threads(GRID_THREADS):
         while (job := jobs.get()) is not None:
             try:
@@ -131,7 +146,8 @@ def _run_jobs(name: str, jobs: list[Job], cells: list[Cell], root: Path, path: P
         q_jobs, q_out = ctx.Queue(), ctx.Queue()
         for j in jobs:
             q_jobs.put(j)
-        procs = [ctx.Process(target=_worker, args=(q_jobs, q_out, str(root)), daemon=True) for _ in range(workers)]
+        procs = [ctx.Process(target=_worker, args=(q_jobs, q_out, str(root), os.getpid()), daemon=True)
+                 for _ in range(workers)]
         for p in procs:
             q_jobs.put(None)
             p.start()
