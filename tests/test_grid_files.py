@@ -83,13 +83,12 @@ def test_workers_below_one_are_refused(tmp_path, capsys):
     assert not (grid_files.mini_dir(tmp_path) / "theory.csv").exists()
 
 
-@pytest.mark.parametrize("cut", [3, 40], ids=["last-field", "fields-missing"])
-def test_a_torn_last_row_is_not_done_and_is_made_again(tmp_path, cut, caplog):
-    """The last row cut short (its key still whole): left out with a warning by every reader, so the next run makes
-    it again and the report never reads it."""
+def test_a_torn_last_row_is_not_done_and_is_made_again(tmp_path, caplog):
+    """The last row cut short (its key still whole, fields missing): left out with a warning by every reader, so the
+    next run makes it again and the report never reads it."""
     path = _theory(tmp_path)
     whole = path.read_text()
-    path.write_text(whole[:-cut])
+    path.write_text(whole[:-40])
     with caplog.at_level(logging.WARNING):
         assert ("toy-tree", 19, 0) not in grid_files.done_keys(path) and len(grid_files.done_keys(path)) == 19
         assert len(summary.load_rows("theory", tmp_path)) == 19
@@ -104,10 +103,25 @@ def test_a_torn_last_row_is_not_done_and_is_made_again(tmp_path, cut, caplog):
         [{k: v for k, v in r.items() if k not in ("run_s", "date")} for r in csv.DictReader(whole.splitlines())]
 
 
+def test_a_whole_last_row_without_its_newline_and_a_byte_order_mark_are_read(tmp_path, caplog):
+    """As a spreadsheet or an editor saves a grid file: a UTF-8 byte-order mark before the header, the last row whole
+    but without its final newline. Every row is read and kept (a warning names the row), by the next run too."""
+    path = _theory(tmp_path)
+    whole = path.read_text()
+    saved = b"\xef\xbb\xbf" + whole.rstrip("\n").encode()
+    path.write_bytes(saved)
+    with caplog.at_level(logging.WARNING):
+        assert len(grid_files.done_keys(path)) == 20 and len(summary.load_rows("theory", tmp_path)) == 20
+    assert f"{path}, line 21: last row has no newline at its end; kept" in caplog.text
+    runner.run_experiment("theory", workers=1, root=tmp_path)
+    assert path.read_bytes() == saved                                           # nothing made again, nothing lost
+    assert grid_files.grid_rows(path) == list(csv.DictReader(whole.splitlines()))
+
+
 def test_a_torn_last_row_is_dropped_by_the_next_append(tmp_path):
     path = tmp_path / "g.csv"
     append_csv_rows(path, [dict(cell="a", seed=0, step=0, em=1.5)])
-    path.write_text(path.read_text() + "b,0,0,2")  # a row without its newline
+    path.write_text(path.read_text() + "b,0,0")  # a row cut short
     append_csv_rows(path, [dict(cell="b", seed=0, step=0, em=2.5)])
     assert [(r["cell"], r["em"]) for r in _rows(path)] == [("a", "1.5"), ("b", "2.5")]
 

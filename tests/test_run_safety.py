@@ -192,3 +192,27 @@ def test_a_run_dir_that_cannot_be_a_directory_is_one_line(tmp_path, capsys, monk
         err = capsys.readouterr().err
         assert err.startswith(f"tg: run directory {run} cannot be made ({why}") and err.count("\n") == 1
         assert "pass a --run-dir that is a directory" in err
+
+
+@pytest.mark.parametrize("failure", [OSError(28, "No space left on device"),
+                                     RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos 64 vs 0")])
+def test_a_full_disk_during_a_checkpoint_save_says_disk(tmp_path, monkeypatch, failure):
+    """ENOSPC, or torch's zip writer's 'unexpected pos' (its report of a short write), is one line naming the disk;
+    the checkpoint already there is kept and no temporary file is left."""
+    from tg.store.rundir import write_checkpoint
+    write_checkpoint(tmp_path, {"step": 1})
+    before = (tmp_path / "checkpoint.pt").read_bytes()
+
+    def full(obj, f, *args, **kwargs):
+        f.write(b"partial")
+        raise failure
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(RunDirError) as err:
+        write_checkpoint(tmp_path, {"step": 2})
+    message = str(err.value)
+    assert f"the disk holding {tmp_path} is full (" in message and "continue with --resume" in message
+    assert "\n" not in message
+    assert (tmp_path / "checkpoint.pt").read_bytes() == before and not (tmp_path / "checkpoint.pt.tmp").exists()
+    monkeypatch.setattr(torch, "save", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("another failure")))
+    with pytest.raises(RuntimeError, match="another failure"):                 # not a disk: raised as it is
+        write_checkpoint(tmp_path, {"step": 2})

@@ -15,10 +15,12 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import pickle
+import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -225,13 +227,22 @@ def read_trained(source: Path, mmap: bool = False) -> Loaded:
 def write_checkpoint(run_dir: Path, state: dict) -> Path:
     """Save `state` as RUN_DIR/checkpoint.pt so a readable checkpoint exists at every moment: write a temporary
     file, read it back, move the current checkpoint (when it reads) to checkpoint.prev.pt, then the new
-    one into place. Raises RunDirError, keeping the old checkpoint, when the new file does not read back."""
+    one into place. Raises RunDirError, keeping the old checkpoint, when the new file does not read back or the disk
+    is full (`_disk_full`: the line says so)."""
     path, tmp = run_dir / CHECKPOINT, run_dir / (CHECKPOINT + ".tmp")
     try:
-        with tmp.open("wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with tmp.open("wb") as f:
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())
+        except (OSError, RuntimeError) as err:
+            if not _disk_full(err):
+                raise
+            free = shutil.disk_usage(run_dir).free / 2**20
+            raise RunDirError(f"checkpoint {tmp} could not be written: the disk holding {run_dir} is full ({free:.0f} MiB "
+                              f"free; {err.strerror if isinstance(err, OSError) else 'short write'}); free some space "
+                              f"and continue with --resume: {path} is kept") from err
         if _load(tmp, mmap=True)["step"] != state["step"]:
             raise RunDirError(f"checkpoint {tmp} reads back another step than {state['step']}; {path} is kept")
         if path.exists() and _readable(path):
@@ -240,6 +251,12 @@ def write_checkpoint(run_dir: Path, state: dict) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def _disk_full(err: BaseException) -> bool:
+    """Whether a failed save ran out of disk: ENOSPC (or EDQUOT, a full quota), or torch's zip writer finding fewer
+    bytes in the file than it wrote ('unexpected pos', its way of reporting a short write)."""
+    return getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "unexpected pos" in str(err)
 
 
 def _readable(path: Path) -> bool:
