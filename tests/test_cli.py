@@ -215,3 +215,22 @@ def test_report_readme_under_a_root_without_readme_is_one_line(tmp_path: Path, c
     assert main(["mini", "report", "--readme", "--root", str(tmp_path)]) == 2
     assert _stderr_line(capsys).startswith(f"tg: {tmp_path / 'README.md'} does not exist: --readme rewrites")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["train", "--method", "tree", "--skip-preflight"], "the same command with --resume continues exactly"),
+    (["mini", "run", "theory"], "the same command goes on from them"),
+])
+def test_ctrl_c_is_one_line_that_says_how_to_go_on(argv, hint, monkeypatch, capsys) -> None:
+    from tg import commands
+    from tg.experiments import runner
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(commands, "train", interrupted)
+    monkeypatch.setattr(runner, "run_experiment", interrupted)
+    assert main(argv) == 130
+    line = _stderr_line(capsys)
+    assert line.startswith("tg: interrupted; ") and hint in line
+    with pytest.raises(KeyboardInterrupt):
+        main([*argv, "--debug"])

@@ -19,8 +19,8 @@
                 the claims in miniature (results/mini/; --root DIR: DIR/results/mini/)
 
 `python -m tg ...` is the same command. A mistake in the input (a config value, a data file, a policy path,
-an unreachable retriever, a diverged run) ends in one line that says what to fix (`USER_ERRORS`); `--debug`,
-before or after the command name, shows the traceback instead.
+an unreachable retriever, a diverged run) ends in one line that says what to fix (`USER_ERRORS`), and so does
+Ctrl-C (with what continues the command); `--debug`, before or after the command name, shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -226,11 +226,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return _dispatch(args)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print(f"tg: interrupted{_resume_hint(args)}", file=sys.stderr)
+        return 130
     except Exception as err:  # noqa: BLE001 (only USER_ERRORS are caught; the rest re-raise)
         if args.debug or not user_error(err):
             raise
         print(f"tg: {' '.join(str(err).split())} (--debug shows the traceback)", file=sys.stderr)
         return 2 if isinstance(err, ConfigError) else 1
+
+
+def _resume_hint(args: argparse.Namespace) -> str:
+    """What continues an interrupted command, for the one line Ctrl-C prints."""
+    if args.command == "train":
+        return ("; its last checkpoint is kept: the same command with --resume continues exactly from it "
+                "(bitwise equal to an uninterrupted run)")
+    if args.command == "mini" and args.action == "run":
+        return "; the rows written are kept: the same command goes on from them, each run from its last checkpoint"
+    return ""
 
 
 def _dispatch(args: argparse.Namespace) -> int:
