@@ -132,6 +132,21 @@ def test_preflight_refuses_a_gpu_count_it_cannot_describe(gpus, capsys):
     assert main(["preflight", "--preset", "cpu", "--no-measure", "--gpus", "2"]) == 0
 
 
+@pytest.mark.parametrize("decode, train, shown", [
+    ("-100", "100", "--decode-tps -100.0: tokens per second must be a positive finite number"),
+    ("100", "nan", "--train-tps nan: tokens per second must be a positive finite number"),
+    ("inf", "100", "--decode-tps inf: tokens per second must be a positive finite number"),
+    ("0", "100", "--decode-tps 0.0: tokens per second must be a positive finite number"),
+    ("100", None, "give both --decode-tps and --train-tps to estimate with, or neither"),
+])
+def test_preflight_refuses_a_throughput_that_is_no_speed(decode, train, shown, capsys):
+    """No "[ok]" estimate from a negative, NaN, infinite or zero speed, nor one speed silently ignored."""
+    argv = ["preflight", "--preset", "cpu", "--no-measure", "--decode-tps", decode]
+    assert main(argv + (["--train-tps", train] if train else [])) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"tg: {shown}") and err.count("\n") == 1
+
+
 def test_checks_pass_with_local_model_data_and_server(tmp_path):
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text(json.dumps(dict(

@@ -305,6 +305,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "preflight":
         from tg.gpu.preflight import check_gpus
         check_gpus(args.gpus)  # bad input first, before the config is printed
+        commands.check_throughputs(args.decode_tps, args.train_tps)
     cfg = _config(args)
     if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 prints
         print(cfg, flush=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import math
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -13,7 +14,7 @@ import torch
 
 from tg.agent.finetune import default_device, trainable_policy
 from tg.agent.world import resolve
-from tg.config import Config
+from tg.config import Config, ConfigError
 from tg.evaluate import EvalResult, result_row
 from tg.gpu.distributed import Parallel
 from tg.gpu.launch import start
@@ -161,9 +162,22 @@ def warmup(cfg: Config, rebuild: Path | bool | None = None) -> EvalResult:
     return result
 
 
+def check_throughputs(decode_tps: float | None, train_tps: float | None) -> None:
+    """ConfigError unless `tg preflight`'s --decode-tps and --train-tps are both left out (measured) or both given as
+    positive finite tokens per second."""
+    for flag, tps in (("--decode-tps", decode_tps), ("--train-tps", train_tps)):
+        if tps is not None and not (math.isfinite(tps) and tps > 0):
+            raise ConfigError(f"{flag} {tps}: tokens per second must be a positive finite number (as measured on the "
+                              "GPU), or leave both out to measure them")
+    if (decode_tps is None) != (train_tps is None):
+        raise ConfigError("give both --decode-tps and --train-tps to estimate with, or neither to measure them")
+
+
 def preflight(cfg: Config, decode_tps: float | None, train_tps: float | None, measure: bool, gpus: int = 1) -> int:
-    """Print the pre-flight report for `gpus` GPUs; 1 when a required check fails."""
+    """Print the pre-flight report for `gpus` GPUs (with the throughputs given, `check_throughputs`, else measured);
+    1 when a required check fails."""
     from tg.gpu.preflight import Throughput, format_report, run_preflight
+    check_throughputs(decode_tps, train_tps)
     given = Throughput(decode_tps, train_tps, "given") if decode_tps and train_tps else None
     checks = run_preflight(cfg, given, measure=measure, gpus=gpus)
     print(format_report(checks))
