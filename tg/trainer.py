@@ -73,9 +73,15 @@ def rollout_seed(seed: int, step: int) -> int:
 
 def sample_batch(engine: Engine, env: Environment, questions: Sequence[Question], cfg: Config,
                  seed: int) -> tuple[list[list[Tree]], RolloutStats]:
-    """The training rollout: cfg.tree's (M, N, L) trees per question at the agent's temperature and top-p."""
+    """The training rollout: cfg.tree's (M, N, L) trees per question at the agent's temperature and top-p. A prompt
+    that fills agent.max_context_tokens samples nothing, so its question trains on nothing: logged as a warning."""
     t, a = cfg.tree, cfg.agent
-    return sample_trees(engine, env, [env.prompt_ids(q.question) for q in questions], M=t.M, N=t.N, L=t.L,
+    prompts = [env.prompt_ids(q.question) for q in questions]
+    if full := [len(p) for p in prompts if len(p) >= a.max_context_tokens]:
+        logger.warning("%d of %d questions have prompts of %d+ tokens, filling agent.max_context_tokens = %d: they "
+                       "sample nothing and train on nothing (raise agent.max_context_tokens or shorten them)",
+                       len(full), len(prompts), min(full), a.max_context_tokens)
+    return sample_trees(engine, env, prompts, M=t.M, N=t.N, L=t.L,
                         node_rule=t.node_rule, rng=random.Random(seed), sampling=Sampling(a.temperature, a.top_p, seed),
                         max_step_tokens=a.max_step_tokens, max_context_tokens=a.max_context_tokens)
 
