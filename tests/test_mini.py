@@ -294,6 +294,19 @@ def test_budget_summary_pairs_methods_by_seed(tmp_path):
     assert r["diff"] == 3.0 and r.diff_se == pytest.approx(1 / 3 ** 0.5) and (r.tree_wins, r.pairs) == (3, 3)
 
 
+def test_a_nan_measurement_that_drops_a_seed_is_said(tmp_path, caplog):
+    import logging
+    rows = [dict(cell=f"multi-hop/hard/{m}", setting="multi-hop", regime="hard", method=m, seed=s, step=60,
+                 em_multi=float("nan") if (m, s) == ("tree", 1) else 10.0 + s, em_single=50.0, calls_multi=2.0,
+                 calls_single=1.0) for s in range(2) for m in ("chain", "tree")]
+    append_csv_rows(tmp_path / "results" / "mini" / "budget.csv", rows)
+    with caplog.at_level(logging.WARNING):
+        table = summary.report("budget", tmp_path)
+    assert "1 row(s) hold nan, left out of the means and paired differences (their seeds drop out): " \
+           "multi-hop/hard/tree seed 1 step 60 (em_multi)" in caplog.text
+    assert "| 10.0 ± nan (1) | +0.0 ± nan | 0/1 |" in table                      # one pair left: the warning says why
+
+
 def test_ledger_summary_compares_each_tree_with_its_budgets_chain():
     import pandas as pd
     base = dict(regime="moderate", L=1, prefill_computed_per_q=1.0, tool_calls_per_q=1.0, seed=0)
