@@ -153,7 +153,7 @@ def test_checks_pass_with_local_model_data_and_server(tmp_path):
         hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
         intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True)))
     for split in ("train", "test"):
-        (tmp_path / f"{split}.jsonl").write_text(json.dumps({"question": "q?", "golden_answers": ["a"]}) + "\n")
+        (tmp_path / f"{split}.jsonl").write_text(json.dumps({"question": "q?", "golden_answers": ["Paris"]}) + "\n")
 
     class One:
         name = "one"
