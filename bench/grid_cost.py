@@ -1,7 +1,7 @@
 """What the claims grid costs, piece by piece: a projection from a few timed steps of every kind of run it trains.
 
 The grids `budget`, `shapes`, `ablation` and `sweep` (tg.experiments.mini) train one run per (cell, seed); a run whose
-configuration another grid already trains is counted once (tg.experiments.mini.reuse_rows copies its rows). Runs are
+configuration another grid already trains is counted once (tg.experiments.grid_files.reuse_rows copies its rows). Runs are
 grouped by what sets their cost (start, setting, tree shape); for each group one run from seed 0 is timed for
 `--steps` steps after one untimed step, with the trainer's own timers (rollout, reference log-probs, update),
 and once each: a checkpoint write, an evaluation (both test sets) and a worker's start-up (a new Python
@@ -27,14 +27,15 @@ from pathlib import Path
 import torch
 from _blocks import step_medians, write_section
 
-from tg.experiments.mini import cell_config, experiments, regime_of
+from tg.experiments.cells import cell_config, regime_of
+from tg.experiments.mini import experiments
 from tg.metrics import TIMERS
 from tg.pipeline import build_run, evaluate_model
 
 GRIDS = ("budget", "shapes", "ablation", "sweep")
 STARTUP = ("import time; t = time.perf_counter(); import tempfile; from tg.pipeline import build_run; "
-           "from tg.experiments.mini import cell_config, experiments; c = [c for c in experiments()['budget'] "
-           "if c.kind == 'train'][0]; build_run(cell_config(c, 0), tempfile.mkdtemp()); "
+           "from tg.experiments.cells import cell_config; from tg.experiments.mini import experiments; "
+           "c = [c for c in experiments()['budget'] if c.kind == 'train'][0]; build_run(cell_config(c, 0), tempfile.mkdtemp()); "
            "print(time.perf_counter() - t)")
 
 

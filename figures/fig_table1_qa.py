@@ -1,7 +1,7 @@
 """Table 1 of arXiv 2509.21240: single-hop and multi-hop average EM by method, Qwen2.5-1.5b and 3b.
 
 Paper: results/paper/table1_qa_em.csv. Ours: rows of results/runs.csv (written by `tg train`) whose
-`model` starts with "Qwen", averaged over seeds, drawn as black diamonds on the paper's bars.
+`model` starts with "Qwen" (a run evaluated twice at a step counted once), averaged over seeds, drawn as black diamonds on the paper's bars.
 Writes figures/fig_table1_qa.png.
 """
 
@@ -34,6 +34,7 @@ def load(root: Path) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     runs = c.ours(root, "runs.csv")
     if runs is None or not runs["model"].astype(str).str.startswith("Qwen").any():
         return paper, None
+    runs = runs.drop_duplicates(["config_hash", "seed", "step"], keep="last")  # one run evaluated twice is one seed
     runs = runs[runs["model"].astype(str).str.startswith("Qwen")]
     size = runs["model"].str.lower().str.extract(r"(\d+(?:\.\d+)?)b", expand=False)  # Qwen/Qwen2.5-1.5B -> 1.5
     runs = runs.assign(model="Qwen2.5-" + size + "b", method=runs["method"].astype(str).map(_paper_method))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -72,7 +73,7 @@ def test_eval_policy_names_what_a_valid_one_looks_like(tmp_path: Path) -> None:
     (tmp_path / "run" / "checkpoint.pt").write_bytes(b"")
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
-    assert policy_source(str(tmp_path / "run")) == (None, tmp_path / "run" / "checkpoint.pt")
+    assert policy_source(str(tmp_path / "run")) == (None, tmp_path / "run")
     assert policy_source(str(tmp_path / "run" / "checkpoint.pt")) == (None, tmp_path / "run" / "checkpoint.pt")
     assert policy_source(str(tmp_path / "model")) == (str(tmp_path / "model"), None)
     assert policy_source("Qwen/Qwen2.5-1.5B") == ("Qwen/Qwen2.5-1.5B", None)
@@ -146,7 +147,40 @@ def test_eval_of_a_run_directory_uses_the_runs_saved_config(monkeypatch, tmp_pat
     [row] = list(csv.DictReader(out.open()))
     assert row["calculator"] != "" and "nq" not in row and row["n"] == "3" and row["step"] == "1"
     assert main(["eval", "--policy", str(run), "--out", str(out), "--preset", "cpu"]) == 2
-    assert "evaluates the run under its saved tg_config.json (preset cpu): drop --preset" in _stderr_line(capsys)
+    assert "under the config it was trained with (preset cpu): drop --preset" in _stderr_line(capsys)
+    _check_eval_of_a_moved_or_damaged_checkpoint(run, out, tmp_path, capsys)
+    _check_resume_of_a_finished_run_adds_no_row(run, tmp_path, capsys)
+
+
+def _check_eval_of_a_moved_or_damaged_checkpoint(run: Path, out: Path, tmp_path: Path, capsys) -> None:
+    """A checkpoint copied out of its run directory is scored under the config it carries (the calculator); a run
+    directory holding only checkpoint.prev.pt (an interrupted save) is one; a truncated checkpoint is one line."""
+    copy = tmp_path / "elsewhere" / "copy.pt"
+    copy.parent.mkdir()
+    shutil.copy(run / "checkpoint.pt", copy)
+    assert main(["eval", "--policy", str(copy), "--out", str(out)]) == 0
+    assert list(csv.DictReader(out.open()))[-1]["calculator"] != ""
+    prev = tmp_path / "prev-only"
+    prev.mkdir()
+    shutil.copy(run / "checkpoint.pt", prev / "checkpoint.prev.pt")
+    assert main(["eval", "--policy", str(prev), "--out", str(out)]) == 0
+    assert list(csv.DictReader(out.open()))[-1]["step"] == "1"
+    capsys.readouterr()
+    for damaged in (b"", (run / "checkpoint.pt").read_bytes()[:1000]):
+        copy.write_bytes(damaged)
+        assert main(["eval", "--policy", str(copy), "--out", str(out)]) == 2
+        assert _stderr_line(capsys).startswith(f"tg: checkpoint {copy} is unreadable (truncated or corrupt")
+
+
+def _check_resume_of_a_finished_run_adds_no_row(run: Path, tmp_path: Path, capsys) -> None:
+    """`--resume` of a finished run whose row is in results/runs.csv: nothing trained, evaluated or appended."""
+    runs = tmp_path / "results" / "runs.csv"
+    before = runs.read_text()
+    argv = ["train", "--method", "chain", "--group-size", "2", "--run-dir", str(run), "--skip-preflight",
+            "--set", "agent.env=calculator", "--set", "model.finetune=lora", *SMALL]
+    assert main([*argv, "--resume"]) == 0
+    assert f"{run} is finished (step 1) and its row is in" in capsys.readouterr().out
+    assert runs.read_text() == before and len(list(csv.DictReader(runs.open()))) == 1
 
 
 @pytest.fixture
@@ -175,3 +209,28 @@ def test_the_methods_shape_applies_before_set_is_checked(trained) -> None:
                  "--steps", "3", "--seed", "0"]) == 0
     [cfg] = trained
     assert (cfg.tree.M, cfg.tree.N, cfg.tree.L, cfg.optim.step_groups, cfg.optim.steps) == (4, 0, 0, 0.5, 3)
+
+
+def test_report_readme_under_a_root_without_readme_is_one_line(tmp_path: Path, capsys) -> None:
+    assert main(["mini", "report", "--readme", "--root", str(tmp_path)]) == 2
+    assert _stderr_line(capsys).startswith(f"tg: {tmp_path / 'README.md'} does not exist: --readme rewrites")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["train", "--method", "tree", "--skip-preflight"], "the same command with --resume continues exactly"),
+    (["mini", "run", "theory"], "the same command goes on from them"),
+])
+def test_ctrl_c_is_one_line_that_says_how_to_go_on(argv, hint, monkeypatch, capsys) -> None:
+    from tg import commands
+    from tg.experiments import runner
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(commands, "train", interrupted)
+    monkeypatch.setattr(runner, "run_experiment", interrupted)
+    assert main(argv) == 130
+    line = _stderr_line(capsys)
+    assert line.startswith("tg: interrupted; ") and hint in line
+    with pytest.raises(KeyboardInterrupt):
+        main([*argv, "--debug"])

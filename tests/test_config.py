@@ -42,6 +42,28 @@ def test_unknown_override_field_is_rejected():
         load_config("cpu", "tree.K=3")
 
 
+@pytest.mark.parametrize("override, meant", [("optim.lrr=1", "optim.lr"), ("optm.lr=1", "optim.lr"),
+                                             ("tree.node_rul=entropy", "tree.node_rule")])
+def test_a_mistyped_field_is_named_with_the_closest_one(override, meant):
+    with pytest.raises(ConfigError) as err:
+        load_config("cpu", override)
+    assert f"override {override!r} is not 'group.field=value' with a known field (did you mean `{meant}`?)" in str(
+        err.value)
+    with pytest.raises(ConfigError, match=r"known field; see"):                    # nothing close: no guess
+        load_config("cpu", "zzz.qqq=1")
+
+
+def test_a_misspelt_lora_target_is_one_line_naming_the_closest_layer(warm_policy_dir):
+    """Before peft would fail on it with a traceback: the targets are checked against the model's linear layers."""
+    from tg.agent.finetune import trainable_policy
+    cfg = load_config("cpu", "model.finetune=lora", "model.lora_targets=q_proj,v_prj").model
+    with pytest.raises(ConfigError) as err:
+        trainable_policy(warm_policy_dir, cfg)
+    message = str(err.value)
+    assert message.startswith("config field `model.lora_targets` names 'v_prj', no linear layer of the model "
+                              "(did you mean `v_proj`?); its linear layers: ") and "\n" not in message
+
+
 def test_paper_presets_follow_the_paper_where_one_gpu_allows():
     for name in ("paper-1.5b-single-hop", "paper-1.5b-multi-hop"):
         c = load_config(name)

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from tg.experiments import confirm, measure
+from tg.experiments import confirm, grid_files
 from tg.experiments.verdict import one_sided_test, two_look_levels
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,12 +110,12 @@ def test_question_outcomes_round_trip():
     from tg.agent.data import Question
     result = SimpleNamespace(scores=[1.0, 0.0, 1.0], tool_calls=[0, 2, 3], sources=["nq", "hotpotqa", "musique"])
     qs = [Question(str(i), "q", ("a",), s) for i, s in enumerate(result.sources)]
-    row = measure.question_outcomes(result, qs)
+    row = grid_files.question_outcomes(result, qs)
     assert (row["n_single"], row["correct"], row["searches"]) == (1, "101", "023")
-    assert measure.outcome_vector(row, "multi").tolist() == [0, 1] and measure.outcome_vector(row, "single").tolist() == [1]
-    assert measure.outcome_vector(row, "multi", "searches").tolist() == [2, 3]
+    assert grid_files.outcome_vector(row, "multi").tolist() == [0, 1] and grid_files.outcome_vector(row, "single").tolist() == [1]
+    assert grid_files.outcome_vector(row, "multi", "searches").tolist() == [2, 3]
     with pytest.raises(ValueError, match="0/1 scores"):
-        measure.question_outcomes(SimpleNamespace(scores=[0.5], tool_calls=[0], sources=["nq"]), qs[:1])
+        grid_files.question_outcomes(SimpleNamespace(scores=[0.5], tool_calls=[0], sources=["nq"]), qs[:1])
 
 
 def test_committed_rows_follow_the_protocol():
@@ -175,7 +175,7 @@ def test_one_run_goes_on_while_the_rule_adds_cells(tmp_path, monkeypatch, capsys
     nothing or a job fails (no endless retry). Theory cells (seconds) stand in for the training cells; the stand-in
     rule opens stage 2 once stage 1's rows are in."""
     from tg.experiments import runner
-    from tg.experiments.mini import Cell
+    from tg.experiments.cells import Cell
     one = Cell("toy-1", "theory", seeds=(0, 1), labels={"stage": "1"})
     two = Cell("toy-2", "theory", seeds=(0,), labels={"stage": "2"})
     monkeypatch.setattr(confirm, "primary_verdict", lambda rows: "stand-in")
@@ -188,5 +188,6 @@ def test_one_run_goes_on_while_the_rule_adds_cells(tmp_path, monkeypatch, capsys
     three = Cell("toy-3", "theory", seeds=(0,), labels={"stage": "2"})
     monkeypatch.setattr(confirm, "active_cells", lambda cells, rows: [three])
     monkeypatch.setattr(runner, "_run_jobs", lambda *args: 1)  # one job failed, its row not written
-    runner.run_experiment("confirm", workers=2, root=tmp_path, cells=[three])
+    with pytest.raises(runner.JobsFailed, match="1 job"):
+        runner.run_experiment("confirm", workers=2, root=tmp_path, cells=[three])
     assert capsys.readouterr().out.count("stages run now") == 1

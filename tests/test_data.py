@@ -74,6 +74,10 @@ def test_bad_files_give_clear_errors(tmp_path: Path) -> None:
     ({"question": None, "golden_answers": ["x"]}, r"t\.jsonl:2: `question` is null; it must be a non-empty string"),
     ({"question": "  ", "golden_answers": ["x"]}, r"t\.jsonl:2: `question` is \"  \"; it must be"),
     ({"question": "Q", "reward_model": 5}, r"t\.jsonl:2: missing column 'golden_answers'"),
+    ({"question": "Q", "golden_answers": ""}, r"t\.jsonl:2: gold answer '' is empty once normalised"),
+    ({"question": "Q", "golden_answers": ["Paris", "The The"]}, r"t\.jsonl:2: gold answer 'The The' is empty once"),
+    ({"question": "Q", "golden_answers": ["A"]}, r"t\.jsonl:2: gold answer 'A' is empty once normalised .* any answer "
+                                                 r"of articles"),
     ([1, 2], r"t\.jsonl:2: the row is list, expected a JSON object"),
 ])
 def test_a_bad_question_row_names_file_line_and_fix(tmp_path: Path, row, error: str) -> None:

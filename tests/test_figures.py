@@ -100,9 +100,10 @@ def with_ours(tmp_path_factory) -> Path:
             for m in ("chain GRPO (G=4)", "Tree-GRPO (2,2,1) intra+inter") for s in (0, 1)]
     pd.DataFrame(demo).to_csv(root / "results" / "demo.csv", index=False)
     runs = [dict(model="Qwen/Qwen2.5-1.5B", method="Tree-GRPO (2,2,1) intra+inter", step=200, hotpotqa=20.0,
-                 **{"2wikimultihopqa": 24.0}, musique=6.0, bamboogle=10.0, preset="paper-1.5b", seed=0,
-                 date="2025-12-02"),
-            dict(model="tiny", method="chain GRPO (G=4)", step=20, hotpotqa=1.0, preset="cpu", seed=0, date="2025-12-02")]
+                 **{"2wikimultihopqa": 24.0}, musique=6.0, bamboogle=10.0, preset="paper-1.5b", config_hash="h1",
+                 seed=0, date="2025-12-02"),
+            dict(model="tiny", method="chain GRPO (G=4)", step=20, hotpotqa=1.0, preset="cpu", config_hash="h2", seed=0,
+                 date="2025-12-02")]
     pd.DataFrame(runs).to_csv(root / "results" / "runs.csv", index=False)
     return root
 
@@ -252,6 +253,18 @@ def test_ours_demo_and_runs(with_ours):
     row = ours.iloc[0]
     assert (row["model"], row["method"], row["average"], row["mean"]) == ("Qwen2.5-1.5b", "Tree-GRPO", "multi_hop_avg", 15.0)
     assert len(ours) == 1 and row["label"] == "tg (paper-1.5b)"
+
+
+def test_table1_counts_a_run_evaluated_twice_as_one_seed(tmp_path):
+    """Two seeds (multi-hop EM 40 and 30), the first evaluated twice at its last step: 35.0 over 2 seeds."""
+    shutil.copytree(ROOT / "results" / "paper", tmp_path / "results" / "paper")
+    row = dict(model="Qwen/Qwen2.5-1.5B", method="Tree-GRPO (2,2,1) intra+inter", step=200, preset="paper-1.5b")
+    runs = [dict(row, **dict.fromkeys(("hotpotqa", "2wikimultihopqa", "musique", "bamboogle"), em), config_hash=h, seed=s)
+            for em, h, s in [(40.0, "a", 0), (30.0, "b", 1), (40.0, "a", 0)]]
+    pd.DataFrame(runs).to_csv(tmp_path / "results" / "runs.csv", index=False)
+    _, ours = script("fig_table1_qa").load(tmp_path)
+    multi = ours.set_index("average").loc["multi_hop_avg"]
+    assert (multi["mean"], multi["count"]) == (35.0, 2)
 
 
 def test_tg_label_names_the_preset_and_no_date():

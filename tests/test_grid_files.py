@@ -13,7 +13,7 @@ import pytest
 
 from tg.agent.world import REPO_ROOT
 from tg.config import ConfigError
-from tg.experiments import mini, rerun, runner, summary
+from tg.experiments import grid_files, rerun, runner, summary
 from tg.store.files import append_csv_rows
 
 
@@ -52,7 +52,7 @@ def test_a_second_run_of_a_grid_is_refused_while_the_first_runs(tmp_path, monkey
     finally:
         release.set()
         first.join()
-    rows = _rows(mini.mini_dir(tmp_path) / "theory.csv")
+    rows = _rows(grid_files.mini_dir(tmp_path) / "theory.csv")
     assert len(rows) == len({(r["cell"], r["seed"], r["step"]) for r in rows}) == 20
     runner.run_experiment("theory", workers=1, root=tmp_path)  # the first has ended: the lock is free
 
@@ -80,18 +80,17 @@ def test_workers_below_one_are_refused(tmp_path, capsys):
         runner.run_experiment("theory", workers=-1, root=tmp_path)
     assert main(["mini", "run", "theory", "--workers", "0", "--root", str(tmp_path)]) == 2
     assert "tg: --workers 0:" in capsys.readouterr().err
-    assert not (mini.mini_dir(tmp_path) / "theory.csv").exists()
+    assert not (grid_files.mini_dir(tmp_path) / "theory.csv").exists()
 
 
-@pytest.mark.parametrize("cut", [3, 40], ids=["last-field", "fields-missing"])
-def test_a_torn_last_row_is_not_done_and_is_made_again(tmp_path, cut, caplog):
-    """The last row cut short (its key still whole): left out with a warning by every reader, so the next run makes
-    it again and the report never reads it."""
+def test_a_torn_last_row_is_not_done_and_is_made_again(tmp_path, caplog):
+    """The last row cut short (its key still whole, fields missing): left out with a warning by every reader, so the
+    next run makes it again and the report never reads it."""
     path = _theory(tmp_path)
     whole = path.read_text()
-    path.write_text(whole[:-cut])
+    path.write_text(whole[:-40])
     with caplog.at_level(logging.WARNING):
-        assert ("toy-tree", 19, 0) not in mini.done_keys(path) and len(mini.done_keys(path)) == 19
+        assert ("toy-tree", 19, 0) not in grid_files.done_keys(path) and len(grid_files.done_keys(path)) == 19
         assert len(summary.load_rows("theory", tmp_path)) == 19
     assert f"{path}, line 21: last row" in caplog.text
     caplog.clear()
@@ -104,10 +103,25 @@ def test_a_torn_last_row_is_not_done_and_is_made_again(tmp_path, cut, caplog):
         [{k: v for k, v in r.items() if k not in ("run_s", "date")} for r in csv.DictReader(whole.splitlines())]
 
 
+def test_a_whole_last_row_without_its_newline_and_a_byte_order_mark_are_read(tmp_path, caplog):
+    """As a spreadsheet or an editor saves a grid file: a UTF-8 byte-order mark before the header, the last row whole
+    but without its final newline. Every row is read and kept (a warning names the row), by the next run too."""
+    path = _theory(tmp_path)
+    whole = path.read_text()
+    saved = b"\xef\xbb\xbf" + whole.rstrip("\n").encode()
+    path.write_bytes(saved)
+    with caplog.at_level(logging.WARNING):
+        assert len(grid_files.done_keys(path)) == 20 and len(summary.load_rows("theory", tmp_path)) == 20
+    assert f"{path}, line 21: last row has no newline at its end; kept" in caplog.text
+    runner.run_experiment("theory", workers=1, root=tmp_path)
+    assert path.read_bytes() == saved                                           # nothing made again, nothing lost
+    assert grid_files.grid_rows(path) == list(csv.DictReader(whole.splitlines()))
+
+
 def test_a_torn_last_row_is_dropped_by_the_next_append(tmp_path):
     path = tmp_path / "g.csv"
     append_csv_rows(path, [dict(cell="a", seed=0, step=0, em=1.5)])
-    path.write_text(path.read_text() + "b,0,0,2")  # a row without its newline
+    path.write_text(path.read_text() + "b,0,0")  # a row cut short
     append_csv_rows(path, [dict(cell="b", seed=0, step=0, em=2.5)])
     assert [(r["cell"], r["em"]) for r in _rows(path)] == [("a", "1.5"), ("b", "2.5")]
 
@@ -117,13 +131,13 @@ def test_a_bad_row_before_the_last_is_refused_naming_the_file_and_line(tmp_path)
     original = path.read_text().splitlines(keepends=True)
     lines = original[:4] + [original[4][:30] + "\n"] + original[5:]  # seed 3's row cut short
     path.write_text("".join(lines))
-    for read in (lambda: mini.done_keys(path), lambda: summary.load_rows("theory", tmp_path),
+    for read in (lambda: grid_files.done_keys(path), lambda: summary.load_rows("theory", tmp_path),
                  lambda: runner.run_experiment("theory", workers=1, root=tmp_path)):
         with pytest.raises(ConfigError, match=rf"{path}, line 5: has \d+ fields, the header \d+; repair or delete"):
             read()
     path.write_text("".join(original[:4] + [original[4].replace("toy-tree,3,", "toy-tree,x,", 1)] + original[5:]))
     with pytest.raises(ConfigError, match=rf"{path}, line 5: has seed 'x', not an integer"):
-        mini.done_keys(path)
+        grid_files.done_keys(path)
 
 
 def test_a_row_written_twice_is_refused_by_every_reader(tmp_path):
@@ -132,7 +146,7 @@ def test_a_row_written_twice_is_refused_by_every_reader(tmp_path):
     path = _theory(tmp_path / "b")
     lines = path.read_text().splitlines(keepends=True)
     path.write_text("".join(lines + [lines[3]]))
-    readers = {"done_keys": lambda: mini.done_keys(path), "load_rows": lambda: summary.load_rows("theory", tmp_path / "b"),
+    readers = {"done_keys": lambda: grid_files.done_keys(path), "load_rows": lambda: summary.load_rows("theory", tmp_path / "b"),
                "report": lambda: summary.report("theory", tmp_path / "b"),
                "compare": lambda: rerun.compare_grid("theory", tmp_path / "b", tmp_path / "a"),
                "run": lambda: runner.run_experiment("theory", workers=1, root=tmp_path / "b")}
@@ -144,9 +158,9 @@ def test_a_row_written_twice_is_refused_by_every_reader(tmp_path):
 
 def test_a_row_already_there_is_not_appended_again(tmp_path):
     path = tmp_path / "results" / "mini" / "g.csv"
-    mini.append_grid_rows(path, [dict(cell="a", seed=0, step=30, em=1.0)])
+    grid_files.append_grid_rows(path, [dict(cell="a", seed=0, step=30, em=1.0)])
     with pytest.raises(ConfigError, match="cell, seed, step = a, 0, 30 is already there"):
-        mini.append_grid_rows(path, [dict(cell="a", seed=0, step=30, em=2.0)])
+        grid_files.append_grid_rows(path, [dict(cell="a", seed=0, step=30, em=2.0)])
     assert len(_rows(path)) == 1
 
 
@@ -154,7 +168,7 @@ def test_a_wrong_header_is_refused_by_every_reader(tmp_path):
     committed = _theory(tmp_path / "a")
     path = _theory(tmp_path / "b")
     path.write_text(path.read_text().replace("cell,", "cells,", 1))
-    for read in (lambda: mini.done_keys(path), lambda: summary.load_rows("theory", tmp_path / "b"),
+    for read in (lambda: grid_files.done_keys(path), lambda: summary.load_rows("theory", tmp_path / "b"),
                  lambda: rerun.compare_grid("theory", tmp_path / "b", tmp_path / "a"),
                  lambda: runner.run_experiment("theory", workers=1, root=tmp_path / "b")):
         with pytest.raises(ConfigError, match=rf"{path}: the header has no 'cell' column \(it has cells, seed, .*\); "
@@ -171,7 +185,7 @@ def test_the_committed_grid_files_pass_the_checks(caplog):
     with caplog.at_level(logging.WARNING):
         for path in files:
             lines = [x for x in path.read_text().splitlines()[1:] if x]
-            assert len(mini.grid_rows(path)) == len(lines), path
+            assert len(grid_files.grid_rows(path)) == len(lines), path
     assert not caplog.text
 
 

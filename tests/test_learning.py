@@ -4,7 +4,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tg.experiments import measure, mini
+from tg.experiments import cells, measure
 from tg.pipeline import build_run, evaluate_model, train_and_evaluate
 
 STEPS, MARGIN = 30, 5.0
@@ -17,7 +17,7 @@ def test_chain_grpo_lifts_multi_hop_em_from_the_pinned_hard_start(cfg, tmp_path)
     `multi-hop/hard/chain` seed-0 row at step 30 to the digit (results/mini/budget.csv; its five seeds reached 9.0-16.33). Not the training
     reward: its means over 10 steps move by about 0.02 between windows from noise alone (0.075 -> 0.060
     over steps 1-10 -> 21-30 of this very run)."""
-    hard = cfg.with_overrides(*mini.REGIMES["hard"], "data.setting=multi-hop").replace(
+    hard = cfg.with_overrides(*cells.REGIMES["hard"], "data.setting=multi-hop").replace(
         tree=dict(M=4, N=0, L=0), optim=dict(steps=STEPS, checkpoint_every=STEPS))
     run = build_run(hard, tmp_path)
     assert Path(run.resources.policy_path).parent.name == "policies"   # the pinned start, not a warm-up

@@ -132,13 +132,28 @@ def test_preflight_refuses_a_gpu_count_it_cannot_describe(gpus, capsys):
     assert main(["preflight", "--preset", "cpu", "--no-measure", "--gpus", "2"]) == 0
 
 
+@pytest.mark.parametrize("decode, train, shown", [
+    ("-100", "100", "--decode-tps -100.0: tokens per second must be a positive finite number"),
+    ("100", "nan", "--train-tps nan: tokens per second must be a positive finite number"),
+    ("inf", "100", "--decode-tps inf: tokens per second must be a positive finite number"),
+    ("0", "100", "--decode-tps 0.0: tokens per second must be a positive finite number"),
+    ("100", None, "give both --decode-tps and --train-tps to estimate with, or neither"),
+])
+def test_preflight_refuses_a_throughput_that_is_no_speed(decode, train, shown, capsys):
+    """No "[ok]" estimate from a negative, NaN, infinite or zero speed, nor one speed silently ignored."""
+    argv = ["preflight", "--preset", "cpu", "--no-measure", "--decode-tps", decode]
+    assert main(argv + (["--train-tps", train] if train else [])) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"tg: {shown}") and err.count("\n") == 1
+
+
 def test_checks_pass_with_local_model_data_and_server(tmp_path):
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text(json.dumps(dict(
         hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
         intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True)))
     for split in ("train", "test"):
-        (tmp_path / f"{split}.jsonl").write_text(json.dumps({"question": "q?", "golden_answers": ["a"]}) + "\n")
+        (tmp_path / f"{split}.jsonl").write_text(json.dumps({"question": "q?", "golden_answers": ["Paris"]}) + "\n")
 
     class One:
         name = "one"

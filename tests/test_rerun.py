@@ -89,22 +89,37 @@ def test_tg_mini_compare_exits_0_on_the_committed_rows_and_1_when_one_moved(tmp_
     assert main(["mini", "compare", str(committed)]) == 2  # the committed grid against itself: refused
 
 
+def test_nothing_compared_is_never_reported_as_identical(tmp_path, capsys):
+    """`tg mini rerun --steps 0` (or -1) trains nothing and `tg mini compare` of a rerun sharing no row with the
+    committed grid compares nothing: both fail in one line instead of reporting success."""
+    from tg.cli import main
+    for k in ("0", "-1"):
+        assert main(["mini", "rerun", "budget", "multi-hop/hard/tree", "0", "--steps", k]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"tg: --steps {k}: a rerun trains and compares at least the first step") and err.count("\n") == 1
+    from tg.store.files import append_csv_rows
+    append_csv_rows(tmp_path / "results/mini/budget.csv", [dict(cell="not/a/committed/cell", seed=0, step=30, em_multi=1)])
+    assert main(["mini", "compare", "budget", "--root", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "budget.csv shares no (cell, seed, step) with the committed" in err and err.count("\n") == 1
+
+
 def test_a_row_copied_from_another_grid_is_looked_up_as_the_cell_that_trained_it(tmp_path, monkeypatch):
     """The source grid's start cell shares the copied training cell's configuration (a start's config is its tree's);
     the rerun takes the source's training rows at the copied steps, not the start row that comes first."""
-    from tg.experiments import mini
+    from tg.experiments import cells, grid_files
     from tg.store.files import append_csv_rows
     same = ("tree.M=2",)
-    start = mini.Cell("multi-hop/hard/start", "start", same, seeds=(0,))
-    trained = mini.Cell("multi-hop/hard/(2,2,1)", "train", same, seeds=(0,), points=(30, 60))
-    copied = mini.Cell("multi-hop/hard/tree", "train", same, seeds=(0,), points=(30, 60))
+    start = cells.Cell("multi-hop/hard/start", "start", same, seeds=(0,))
+    trained = cells.Cell("multi-hop/hard/(2,2,1)", "train", same, seeds=(0,), points=(30, 60))
+    copied = cells.Cell("multi-hop/hard/tree", "train", same, seeds=(0,), points=(30, 60))
     monkeypatch.setattr(rerun, "experiments", lambda: {"src": [start, trained], "dst": [copied]})
-    h = mini.cell_config(trained, 0).hash()
+    h = cells.cell_config(trained, 0).hash()
     src = tmp_path / "results/mini/src.csv"
     append_csv_rows(src, [dict(cell=c.name, seed=0, step=p, config_hash=h, em_multi=p) for c, p in
                           ((start, 0), (trained, 30), (trained, 60))])
-    append_csv_rows(mini.steps_path(src), [dict(cell=trained.name, seed=0, step=s, reward=0.5) for s in (1, 2)])
+    append_csv_rows(grid_files.steps_path(src), [dict(cell=trained.name, seed=0, step=s, reward=0.5) for s in (1, 2)])
     dst = tmp_path / "results/mini/dst.csv"
-    assert len(mini.reuse_rows([copied], dst)) == 2
+    assert len(grid_files.reuse_rows([copied], dst)) == 2
     found = rerun.committed(dst, copied.name, 0)
     assert (found.path, found.cell, sorted(found.rows), sorted(found.steps)) == (src, trained, [30, 60], [1, 2])

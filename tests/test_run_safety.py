@@ -103,9 +103,10 @@ def _no_training(*args, **kwargs):
 
 
 def _old_run(run: Path, cfg) -> dict[str, bytes]:
+    """A run trained under `cfg` to step 2: its config, metrics and a checkpoint that carries the config."""
     cfg.save(run)
     (run / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
-    (run / "checkpoint.pt").write_bytes(b"step 2")
+    torch.save({"step": 2, "config": cfg.to_dict()}, run / "checkpoint.pt")
     return {p.name: p.read_bytes() for p in run.iterdir()}
 
 
@@ -139,6 +140,40 @@ def test_resume_refuses_a_config_that_trains_differently(tmp_path, capsys, monke
               "--set", "eval.n_single=5", "--set", "optim.checkpoint_every=1"])
 
 
+def test_resume_without_tg_config_json_checks_the_config_its_checkpoint_carries(tmp_path, capsys, monkeypatch):
+    """A chain run whose tg_config.json is gone is not resumed as a tree: checkpoint.pt holds its config."""
+    run = tmp_path / "run"
+    _old_run(run, method_config(load_config("cpu"), "chain"))
+    (run / "tg_config.json").unlink()
+    monkeypatch.setattr(commands, "build_run", _no_training)
+    assert main(["train", "--method", "tree", "--resume", "--run-dir", str(run), "--skip-preflight"]) == 2
+    err = capsys.readouterr().err
+    assert f"the run in {run} was trained under a config that trains differently" in err and err.count("\n") == 1
+    assert "tree.M: 4 -> 2" in err and "tree.N: 0 -> 2" in err and not (run / "tg_config.json").exists()
+    with pytest.raises(Trained):
+        main(["train", "--method", "chain", "--resume", "--run-dir", str(run), "--skip-preflight"])
+
+
+def test_every_reader_checks_the_config_a_checkpoint_carries(tmp_path, cfg, monkeypatch):
+    """The one rule: resume (`tg train --resume`, Trainer.fit), grid resume (`tg mini run`), eval and rerun (which
+    resume through Trainer.fit) read the config from the checkpoint, not from the file beside it."""
+    from tg.pipeline import policy_source
+    from tg.store.rundir import check_trained_as, trained_config
+    run = tmp_path / "run"
+    _old_run(run, cfg)
+    cfg.replace(optim=dict(lr=1.0)).save(run)                                  # the file beside it says otherwise
+    assert trained_config(run) == cfg
+    copied = tmp_path / "elsewhere" / "copy.pt"
+    copied.parent.mkdir()
+    copied.write_bytes((run / "checkpoint.pt").read_bytes())
+    assert policy_source(str(copied)) == (None, copied) and trained_config(copied) == cfg
+    (run / "checkpoint.pt").rename(run / "checkpoint.prev.pt")                 # after an interrupted save
+    assert policy_source(str(run)) == (None, run) and trained_config(run) == cfg
+    with pytest.raises(RunDirError, match=r"optim.lr: 0.0001 -> 1.0\): move it"):
+        check_trained_as(run, cfg.replace(optim=dict(lr=1.0)), "move it")
+    check_trained_as(run, cfg.replace(eval=dict(n_multi=3)), "move it")         # evaluation may change
+
+
 def test_training_differences_name_what_changes_training(cfg):
     assert training_differences(cfg, cfg.replace(eval=dict(n_multi=3), optim=dict(micro_batch_rows=1))) == []
     assert training_differences(cfg, cfg.replace(optim=dict(steps=90))) == []                 # constant LR
@@ -157,3 +192,27 @@ def test_a_run_dir_that_cannot_be_a_directory_is_one_line(tmp_path, capsys, monk
         err = capsys.readouterr().err
         assert err.startswith(f"tg: run directory {run} cannot be made ({why}") and err.count("\n") == 1
         assert "pass a --run-dir that is a directory" in err
+
+
+@pytest.mark.parametrize("failure", [OSError(28, "No space left on device"),
+                                     RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos 64 vs 0")])
+def test_a_full_disk_during_a_checkpoint_save_says_disk(tmp_path, monkeypatch, failure):
+    """ENOSPC, or torch's zip writer's 'unexpected pos' (its report of a short write), is one line naming the disk;
+    the checkpoint already there is kept and no temporary file is left."""
+    from tg.store.rundir import write_checkpoint
+    write_checkpoint(tmp_path, {"step": 1})
+    before = (tmp_path / "checkpoint.pt").read_bytes()
+
+    def full(obj, f, *args, **kwargs):
+        f.write(b"partial")
+        raise failure
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(RunDirError) as err:
+        write_checkpoint(tmp_path, {"step": 2})
+    message = str(err.value)
+    assert f"the disk holding {tmp_path} is full (" in message and "continue with --resume" in message
+    assert "\n" not in message
+    assert (tmp_path / "checkpoint.pt").read_bytes() == before and not (tmp_path / "checkpoint.pt.tmp").exists()
+    monkeypatch.setattr(torch, "save", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("another failure")))
+    with pytest.raises(RuntimeError, match="another failure"):                 # not a disk: raised as it is
+        write_checkpoint(tmp_path, {"step": 2})

@@ -111,6 +111,36 @@ def test_resume_falls_back_to_the_previous_checkpoint(straight, cfg, warm_policy
     assert torch.load(run / PREVIOUS, weights_only=False)["step"] == 3   # the corrupt file was not kept as previous
 
 
+def test_resume_under_a_config_that_trains_differently_is_refused(straight, cfg, warm_policy_dir, make_env,
+                                                                 train_questions, tmp_path):
+    """Trainer.fit(resume=True), the path of every resume (`tg train`, `tg mini run`, `tg mini rerun`), checks the
+    config the checkpoint carries, whatever tg_config.json says."""
+    run = _copy_run(straight[0], tmp_path / "run")
+    other = _cfg(cfg, lr=0.5)
+    other.save(run)
+    tr = _trainer(other, warm_policy_dir, make_env, train_questions, run)
+    with pytest.raises(RunDirError, match=r"optim.lr: 0.001 -> 0.5"):
+        tr.fit(resume=True, progress=False)
+    assert tr.step_done == 0
+
+
+def test_a_prompt_that_fills_the_context_is_a_warning(cfg, warm_policy_dir, make_env, train_questions, caplog):
+    """A question whose prompt fills agent.max_context_tokens samples nothing and trains on nothing: said, not silent."""
+    from transformers import AutoTokenizer
+
+    from tg.engines.engine import HFEngine
+    from tg.trainer import sample_batch
+    tok = AutoTokenizer.from_pretrained(warm_policy_dir)
+    policy = trainable_policy(warm_policy_dir, cfg.model, torch.device("cpu"))
+    env = make_env(tok, 1)
+    short = len(env.prompt_ids(train_questions[0].question))
+    tight = cfg.replace(agent=dict(max_context_tokens=short, max_step_tokens=8), tree=dict(M=1, N=0, L=0))
+    with caplog.at_level(logging.WARNING, logger="tg.trainer"):
+        trees, _ = sample_batch(HFEngine(policy.model, tok), env, train_questions[:1], tight, 0)
+    assert f"1 of 1 questions have prompts of {short}+ tokens, filling agent.max_context_tokens = {short}" in caplog.text
+    assert trees[0][0].trajectory(trees[0][0].leaves()[0]).policy_tokens == 0            # nothing to train on
+
+
 @pytest.mark.parametrize("damage", ["both truncated", "garbage, no previous", "empty, no previous"])
 def test_unreadable_checkpoint_names_its_path(straight, cfg, warm_policy_dir, make_env, train_questions, tmp_path,
                                               damage):

@@ -207,7 +207,7 @@ def test_how_rl_uses_the_policy_keys_no_separate_warm_up():
 
 def test_where_rl_retrieves_keys_no_separate_warm_up():
     """The warm-up searches the world in-process: pointing RL at a retrieval server keeps both pinned starts."""
-    from tg.experiments.mini import REGIMES
+    from tg.experiments.cells import REGIMES
     from tg.pipeline import warmup_config
     pinned = {"moderate": "warmup-fb4da30d3995-722e49", "hard": "warmup-2f9bf1528d85-722e49"}
     for regime, name in pinned.items():

@@ -45,15 +45,18 @@ with sits in six subpackages.
       preflight.py  the pre-flight checks; doctor.py: installed versions against the tested matrix
       distributed.py  several ranks under torchrun: prompt shards, DDP, gathered metrics; fsdp.py: FSDP2;
                     launch.py: a torchrun rank's choice of one process, DDP or FSDP2 (`start`)
-    experiments/    what is run with the algorithm and read back
-      demo.py       `make demo`: chain GRPO vs Tree-GRPO at equal budget; plots.py: its curves, trees drawn
-      mini.py       the paper's claims in miniature: named experiment grids (`tg mini`) and their files;
-                    runner.py runs a grid's missing rows, measure.py says what a row holds, summary.py reads them
+    experiments/    what is run with the algorithm and read back; the grids top down:
+      cells.py      a grid's vocabulary: a cell (overrides, seeds, evaluation points), the starts, tree shapes
+      mini.py       the paper's claims in miniature: the named experiment grids (`tg mini list`)
+      grid_files.py a grid's files (rows, per-step metrics, per-question outcomes) and the jobs still missing
+      runner.py     `tg mini run`: a grid's missing rows in worker processes; measure.py: what a row holds
       rerun.py      `tg mini rerun`: retrain one committed row, step by step beside the committed metrics
-      claims.py     the claims table: the declared comparisons and their verdicts; report.py writes it
       verdict.py    paired and one-sided t-tests, Holm's correction, two-look levels, the verdict rule (scipy)
-      confirm.py    the confirmatory experiment's declared protocol and rule (results/mini/confirm.md);
-                    confirm_report.py: its verdict sentence and report
+      claims.py     the claims table: the declared comparisons and their verdicts
+      confirm.py    the confirmatory experiment's declared protocol and rule (results/mini/confirm.md)
+      summary.py    the grids' rows read back as tables; confirm_report.py: the confirmatory verdict's report
+      report.py     `tg mini report`: every grid's report, the generated blocks of the READMEs
+      demo.py       `make demo`: chain GRPO vs Tree-GRPO at equal budget; plots.py: its curves, trees drawn
       lesson.py     the notebooks' set-up in one call (`setup`) and self-checking exercises (`exercise`)
                     exercises.py: the build-it-yourself checks, a student's function against tg
     store/          what a run writes

@@ -9,7 +9,7 @@
     tg preflight [--preset P] [--method ...] [--schedule S] [--gpus K] [--decode-tps X --train-tps Y] [--no-measure]
     tg plan                                      which Table 1 models fit on 1-8 GPUs, estimated cost
     tg doctor                                    installed versions against the tested matrix
-    tg eval     --policy RUN_DIR|PATH [--out results/eval.csv]   a run directory: under its saved config and --set
+    tg eval     --policy RUN_DIR|PATH [--out results/eval.csv]   a checkpoint: under the config it was trained with
     tg demo     [--root DIR]                     chain GRPO vs Tree-GRPO from the same warmed-up policy (runs/demo/)
     tg data prepare --setting single-hop|multi-hop --out DIR [--source HUB_ID|LOCAL_DIR]
     tg data corpus  --out DIR [--source HUB_ID|wiki-18.jsonl.gz] [--index]   wiki-18 (+ its BM25 index)
@@ -19,8 +19,8 @@
                 the claims in miniature (results/mini/; --root DIR: DIR/results/mini/)
 
 `python -m tg ...` is the same command. A mistake in the input (a config value, a data file, a policy path,
-an unreachable retriever, a diverged run) ends in one line that says what to fix (`USER_ERRORS`); `--debug`,
-before or after the command name, shows the traceback instead.
+an unreachable retriever, a diverged run) ends in one line that says what to fix (`USER_ERRORS`), and so does
+Ctrl-C (with what continues the command); `--debug`, before or after the command name, shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from tg.config import Config, ConfigError, load_config
 def _config(args: argparse.Namespace) -> Config:
     """The command's config: the preset, schedule and recipe, then --set, then what --method, --steps and --seed
     say (a count given is used as given: a zero or negative one is refused by the config's checks, never
-    replaced by a default), validated once, after all of them. `tg eval --policy RUN_DIR` starts instead from
-    the run's saved config."""
+    replaced by a default), validated once, after all of them. `tg eval --policy RUN_DIR|CHECKPOINT` starts
+    instead from the config the checkpoint was trained with."""
     given = method_overrides(args.method, args.M, args.N, args.L, args.group_size) if getattr(args, "method", None) \
         else []
     given += [f"optim.{k}={getattr(args, k)}" for k in ("steps", "seed") if getattr(args, k, None) is not None]
@@ -53,16 +53,17 @@ def _config(args: argparse.Namespace) -> Config:
 
 
 def _eval_run_config(args: argparse.Namespace) -> Config | None:
-    """The saved config of the run `tg eval --policy` names (None for a model or hub id): the run is evaluated
-    as it was trained (its task, reward, fine-tuning and preset), changed only by --set."""
-    from tg.pipeline import policy_source, run_config
-    if not args.policy:
-        return None
-    saved = run_config(policy_source(args.policy)[1])
+    """The config the checkpoint `tg eval --policy` names was trained with (`tg.store.rundir.trained_config`; None for
+    a model or hub id): the run is evaluated as it was trained (its task, reward, fine-tuning and preset), changed
+    only by --set, wherever the checkpoint lies."""
+    from tg.pipeline import policy_source
+    from tg.store.rundir import trained_config
+    checkpoint = policy_source(args.policy)[1] if args.policy else None
+    saved = trained_config(checkpoint) if checkpoint is not None else None
     chosen = [f"--{k}" for k in ("preset", "schedule", "recipe") if getattr(args, k) is not None]
     if saved is not None and chosen:
-        raise ConfigError(f"tg eval --policy {args.policy} evaluates the run under its saved tg_config.json "
-                          f"(preset {saved.preset}): drop {', '.join(chosen)}, and change single fields with --set")
+        raise ConfigError(f"tg eval --policy {args.policy} evaluates the checkpoint under the config it was trained "
+                          f"with (preset {saved.preset}): drop {', '.join(chosen)}, and change single fields with --set")
     return saved
 
 
@@ -104,7 +105,8 @@ def _add_method(p: argparse.ArgumentParser, required: bool) -> None:
 USER_ERRORS = ("tg.config_values:ConfigError", "tg.agent.data:DataError", "tg.agent.server:RetrieverUnavailableError",
                "tg.agent.server:RetrieverResponseError", "tg.agent.server:ServerStartError",
                "tg.trainer:NonFiniteError", "tg.engines.vllm_setup:VLLMSetupError",
-               "tg.engines.vllm_engine:PolicySyncError", "tg.gpu.distributed:RankLostError", "tg.agent.env:PluginError")
+               "tg.engines.vllm_engine:PolicySyncError", "tg.gpu.distributed:RankLostError", "tg.agent.env:PluginError",
+               "tg.experiments.runner:JobsFailed")
 """Errors whose message names the problem and its fix (PolicyError is a ConfigError): printed as one line."""
 
 COMMANDS = {
@@ -224,11 +226,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return _dispatch(args)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print(f"tg: interrupted{_resume_hint(args)}", file=sys.stderr)
+        return 130
     except Exception as err:  # noqa: BLE001 (only USER_ERRORS are caught; the rest re-raise)
         if args.debug or not user_error(err):
             raise
         print(f"tg: {' '.join(str(err).split())} (--debug shows the traceback)", file=sys.stderr)
         return 2 if isinstance(err, ConfigError) else 1
+
+
+def _resume_hint(args: argparse.Namespace) -> str:
+    """What continues an interrupted command, for the one line Ctrl-C prints."""
+    if args.command == "train":
+        return ("; its last checkpoint is kept: the same command with --resume continues exactly from it "
+                "(bitwise equal to an uninterrupted run)")
+    if args.command == "mini" and args.action == "run":
+        return "; the rows written are kept: the same command goes on from them, each run from its last checkpoint"
+    return ""
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -263,7 +280,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         print("\n".join(rerun.describe_comparison(c) for c in found))
         return 0 if all(c.identical == c.matched for c in found) else 1
     if args.command == "mini":
-        from tg.experiments import claims, mini, report, runner, summary
+        from tg.experiments import claims, mini, report, runner
         if args.action == "run":
             runner.check_workers(args.workers)  # bad input first, before the grid's listing
             runner.check_until(args.until)
@@ -281,13 +298,14 @@ def _dispatch(args: argparse.Namespace) -> int:
                 print(f"rewrote the generated block of {path}")
             print(f"\n{claims.claims_report(args.root)}")
         elif args.action == "report" and args.experiment:
-            print(f"\n## {args.experiment}\n\n{summary.report(args.experiment, args.root)}")
+            print(f"\n## {args.experiment}\n\n{report.grid_report(args.experiment, args.root)}")
         elif args.action == "report":
             print(f"\n{report.full_report(args.root)}")
         return 0
     if args.command == "preflight":
         from tg.gpu.preflight import check_gpus
         check_gpus(args.gpus)  # bad input first, before the config is printed
+        commands.check_throughputs(args.decode_tps, args.train_tps)
     cfg = _config(args)
     if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 prints
         print(cfg, flush=True)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
+import math
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,7 +22,7 @@ from tg.gpu.launch import start
 from tg.pipeline import (build_run, default_run_dir, evaluate_model, load_resources, method_name, policy_source,
                          train_and_evaluate, vllm_engine)
 from tg.store.files import append_csv_rows
-from tg.store.rundir import RunDirError, check_run_dir, has_checkpoint, read_checkpoint, run_lock
+from tg.store.rundir import RunDirError, check_run_dir, has_checkpoint, read_checkpoint, read_trained, run_lock
 
 if TYPE_CHECKING:
     from tg.gpu.preflight import ModelShape
@@ -71,9 +73,16 @@ def train(cfg: Config, run_dir: Path | None, resume: bool, preflight: bool = Tru
 def _train_in(cfg: Config, run_dir: Path, resume: bool, shape: ModelShape | None, par: Parallel,
               report_to: str = "none") -> dict | None:
     """`train` once the run directory is held: with a pre-flight `shape`, the longest sample first (OOM in
-    minute one), then train and evaluate."""
+    minute one), then train and evaluate. A resumed run that is finished, its last row already in
+    results/runs.csv, returns that row: evaluated once, it is one row (one seed) there."""
     from tg.gpu.preflight import check_longest_sample, check_wall_time, format_report
     from tg.store.reporters import reporters
+    done = read_checkpoint(run_dir, mmap=True).state["step"] if resume and has_checkpoint(run_dir) else 0
+    points = [p for p in cfg.optim.eval_points() if p > done]
+    if not points and (row := _recorded(resolve(RESULTS) / "runs.csv", cfg, done)) is not None:
+        if par.is_main:
+            print(f"{run_dir} is finished (step {done}) and its row is in {RESULTS}/runs.csv: nothing to do", flush=True)
+        return row
     run = build_run(cfg, run_dir, par)
     if par.is_main:
         run.trainer.reporters = reporters([report_to], run_dir)
@@ -82,9 +91,7 @@ def _train_in(cfg: Config, run_dir: Path, resume: bool, shape: ModelShape | None
         print(format_report([longest, check_wall_time(cfg, tp)]), flush=True)
         if longest.failed:
             return None
-    done = read_checkpoint(run_dir, mmap=True).state["step"] if resume and has_checkpoint(run_dir) else 0
-    points = [p for p in cfg.optim.eval_points() if p > done] or [cfg.optim.steps]
-    for step, metrics, result in train_and_evaluate(run, cfg, points, resume):
+    for step, metrics, result in train_and_evaluate(run, cfg, points or [cfg.optim.steps], resume):
         row = result_row(result, cfg, method=method_name(cfg), model=cfg.model.name_or_path, seed=cfg.optim.seed,
                          step=step)
         if par.is_main:
@@ -92,6 +99,13 @@ def _train_in(cfg: Config, run_dir: Path, resume: bool, shape: ModelShape | None
             print(json.dumps({"step": step, "train": metrics[-1] if metrics else {}, "eval": result.by_source()},
                              indent=1), flush=True)
     return row
+
+
+def _recorded(path: Path, cfg: Config, step: int) -> dict | None:
+    """The row of `path` (results/runs.csv) that a run of `cfg` wrote at `step` (same config hash and seed), if any."""
+    rows = list(csv.DictReader(path.open(newline="", encoding="utf-8-sig"))) if path.exists() else []
+    key = (cfg.hash(), str(cfg.optim.seed), str(step))
+    return next((r for r in reversed(rows) if (r.get("config_hash"), r.get("seed"), r.get("step")) == key), None)
 
 
 def evaluate_policy(cfg: Config, policy: str | None, out: Path) -> dict:
@@ -103,9 +117,11 @@ def evaluate_policy(cfg: Config, policy: str | None, out: Path) -> dict:
     tp = trainable_policy(model_path or res.policy_path, cfg.model, default_device())
     step = 0
     if checkpoint:
-        state = torch.load(checkpoint, weights_only=False)
-        tp.load_state_dict(state["weights"])
-        step = state["step"]
+        loaded = read_trained(checkpoint)
+        if loaded.skipped:
+            print(f"{loaded.skipped}; evaluating the previous checkpoint {loaded.path}", flush=True)
+        tp.load_state_dict(loaded.state["weights"])
+        step = loaded.state["step"]
     engine = None
     if cfg.agent.engine == "vllm":  # the rollout engine evaluates too, serving the loaded policy
         engine = vllm_engine(cfg, model_path or res.policy_path, tok)
@@ -153,9 +169,22 @@ def warmup(cfg: Config, rebuild: Path | bool | None = None) -> EvalResult:
     return result
 
 
+def check_throughputs(decode_tps: float | None, train_tps: float | None) -> None:
+    """ConfigError unless `tg preflight`'s --decode-tps and --train-tps are both left out (measured) or both given as
+    positive finite tokens per second."""
+    for flag, tps in (("--decode-tps", decode_tps), ("--train-tps", train_tps)):
+        if tps is not None and not (math.isfinite(tps) and tps > 0):
+            raise ConfigError(f"{flag} {tps}: tokens per second must be a positive finite number (as measured on the "
+                              "GPU), or leave both out to measure them")
+    if (decode_tps is None) != (train_tps is None):
+        raise ConfigError("give both --decode-tps and --train-tps to estimate with, or neither to measure them")
+
+
 def preflight(cfg: Config, decode_tps: float | None, train_tps: float | None, measure: bool, gpus: int = 1) -> int:
-    """Print the pre-flight report for `gpus` GPUs; 1 when a required check fails."""
+    """Print the pre-flight report for `gpus` GPUs (with the throughputs given, `check_throughputs`, else measured);
+    1 when a required check fails."""
     from tg.gpu.preflight import Throughput, format_report, run_preflight
+    check_throughputs(decode_tps, train_tps)
     given = Throughput(decode_tps, train_tps, "given") if decode_tps and train_tps else None
     checks = run_preflight(cfg, given, measure=measure, gpus=gpus)
     print(format_report(checks))

@@ -18,7 +18,7 @@ from typing import Any
 
 from tg.config_groups import (SMOL_NAME, AgentConfig, DataConfig, EvalConfig, ModelConfig, OptimConfig, TreeConfig,
                               WarmupConfig)
-from tg.config_values import ConfigError, check_types, field_types, parse_value
+from tg.config_values import ConfigError, check_types, did_you_mean, field_types, parse_value
 from tg.config_values import check as _check
 
 PRESET_ENV = "TG_PRESET"
@@ -79,9 +79,14 @@ class Config:
             group, dot, name = key.partition(".")
             hints = field_types(_GROUP_TYPES[group]) if group in _GROUP_TYPES else {}
             if not sep or not dot or name not in hints:
-                raise ConfigError(f"override {a!r} is not 'group.field=value' with a known field; see `tg config`")
+                raise ConfigError(f"override {a!r} is not 'group.field=value' with a known field"
+                                  f"{did_you_mean(key, self._field_names())}; see `tg config`")
             groups.setdefault(group, {})[name] = parse_value(raw, hints[name])
         return self.replace(**groups)
+
+    def _field_names(self) -> list[str]:
+        """Every settable field as 'group.field'."""
+        return [f"{g}.{name}" for g, tp in _GROUP_TYPES.items() for name in field_types(tp)]
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

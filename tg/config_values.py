@@ -7,11 +7,12 @@ naming the field, the value and what is allowed, never as a `TypeError` from a c
 
 from __future__ import annotations
 
+import difflib
 import functools
 import json
 import math
 from dataclasses import fields, is_dataclass
-from typing import Any, get_origin, get_type_hints
+from typing import Any, Sequence, get_origin, get_type_hints
 
 
 class ConfigError(ValueError):
@@ -22,6 +23,12 @@ def check(ok: bool, name: str, allowed: str, value: Any) -> None:
     """Raise `ConfigError` naming `name`, `value` and `allowed` unless `ok`."""
     if not ok:
         raise ConfigError(f"config field `{name}` = {value!r} is invalid: allowed {allowed}")
+
+
+def did_you_mean(name: str, known: Sequence[str]) -> str:
+    """' (did you mean `x`?)' for the closest of `known` to a mistyped `name` (difflib), '' when none is close."""
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return f" (did you mean `{close[0]}`?)" if close else ""
 
 
 def allowed_type(tp: Any) -> str:

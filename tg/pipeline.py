@@ -122,14 +122,15 @@ def _policy_path(cfg: Config) -> str:
 
 
 def policy_source(policy: str) -> tuple[str | None, Path | None]:
-    """What `tg eval --policy` names, as (model path or hub id, checkpoint): a run directory (its
-    `checkpoint.pt`, on the config's starting policy), a checkpoint file, a saved model directory
-    (`config.json`), or a hub id. Anything else (a path, or 'runs/...' or 'DIR/...' for an existing DIR,
-    that holds none of them) raises `PolicyError` at once, before anything loads or reaches the hub."""
+    """What `tg eval --policy` names, as (model path or hub id, checkpoint): a run directory (itself: its newest
+    readable checkpoint, `tg.store.rundir.read_trained`, on the config's starting policy), a checkpoint file, a
+    saved model directory (`config.json`), or a hub id. Anything else (a path, or 'runs/...' or 'DIR/...' for an
+    existing DIR, that holds none of them) raises `PolicyError` at once, before anything loads or reaches the hub."""
     from tg.agent.warmup import PolicyError
+    from tg.store.rundir import has_checkpoint
     path = Path(policy).expanduser()
-    if (path / "checkpoint.pt").is_file():
-        return None, path / "checkpoint.pt"
+    if path.is_dir() and has_checkpoint(path):
+        return None, path
     if path.is_file() and path.suffix == ".pt":
         return None, path
     if (path / "config.json").is_file():
@@ -140,14 +141,6 @@ def policy_source(policy: str) -> tuple[str | None, Path | None]:
                           "(runs/<method>-<hash>, written by `tg train`), a checkpoint.pt file, a model directory "
                           "holding config.json (save_pretrained), or a hub id such as Qwen/Qwen2.5-1.5B")
     return policy, None
-
-
-def run_config(checkpoint: Path | None) -> Config | None:
-    """The config a checkpoint was trained under: its run directory's `tg_config.json` (None without one, or
-    for no checkpoint). `tg eval` evaluates a run under it, so the run's task, reward, fine-tuning (LoRA
-    weights need their adapter) and starting policy are the trained ones."""
-    from tg.store.rundir import saved_config
-    return saved_config(checkpoint.parent) if checkpoint is not None else None
 
 
 def load_resources(cfg: Config) -> Resources:

@@ -56,7 +56,7 @@ from tg.memory import keep_freed_memory
 from tg.metrics import step_metrics
 from tg.packing import packed_logits
 from tg.store.files import atomic_write_text
-from tg.store.rundir import has_checkpoint, read_checkpoint, run_lock, write_checkpoint
+from tg.store.rundir import check_trained_as, has_checkpoint, read_checkpoint, run_lock, write_checkpoint
 from tg.tree import RolloutStats, Tree, sample_trees
 
 logger = logging.getLogger(__name__)
@@ -73,9 +73,15 @@ def rollout_seed(seed: int, step: int) -> int:
 
 def sample_batch(engine: Engine, env: Environment, questions: Sequence[Question], cfg: Config,
                  seed: int) -> tuple[list[list[Tree]], RolloutStats]:
-    """The training rollout: cfg.tree's (M, N, L) trees per question at the agent's temperature and top-p."""
+    """The training rollout: cfg.tree's (M, N, L) trees per question at the agent's temperature and top-p. A prompt
+    that fills agent.max_context_tokens samples nothing, so its question trains on nothing: logged as a warning."""
     t, a = cfg.tree, cfg.agent
-    return sample_trees(engine, env, [env.prompt_ids(q.question) for q in questions], M=t.M, N=t.N, L=t.L,
+    prompts = [env.prompt_ids(q.question) for q in questions]
+    if full := [len(p) for p in prompts if len(p) >= a.max_context_tokens]:
+        logger.warning("%d of %d questions have prompts of %d+ tokens, filling agent.max_context_tokens = %d: they "
+                       "sample nothing and train on nothing (raise agent.max_context_tokens or shorten them)",
+                       len(full), len(prompts), min(full), a.max_context_tokens)
+    return sample_trees(engine, env, prompts, M=t.M, N=t.N, L=t.L,
                         node_rule=t.node_rule, rng=random.Random(seed), sampling=Sampling(a.temperature, a.top_p, seed),
                         max_step_tokens=a.max_step_tokens, max_context_tokens=a.max_context_tokens)
 
@@ -303,7 +309,9 @@ class Trainer:
         return write_checkpoint(self.run_dir, state)
 
     def load_checkpoint(self) -> int:
-        """Restore the newest readable checkpoint (checkpoint.pt, else checkpoint.prev.pt, with a warning)."""
+        """Restore the newest readable checkpoint (checkpoint.pt, else checkpoint.prev.pt, with a warning); refused
+        (RunDirError) when it was trained under a config that trains differently (tg.store.rundir.check_trained_as)."""
+        check_trained_as(self.run_dir, self.cfg, "resume under the trained values, or train in a new run directory")
         loaded = read_checkpoint(self.run_dir)
         if loaded.skipped:
             logger.warning("%s; resuming from the previous checkpoint %s (step %d)", loaded.skipped, loaded.path,

@@ -22,6 +22,7 @@ from typing import Any, Iterable, Iterator
 
 from tg.agent.protocol import build_prompt
 from tg.agent.world import SINGLE
+from tg.reward import normalize_answer
 
 SETTINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "single-hop": ("nq", ("nq", "triviaqa", "popqa")),
@@ -118,16 +119,21 @@ def _missing(where: str, column: str, row: dict[str, Any]) -> DataError:
 
 
 def _gold_tuple(golds: Any, where: str) -> tuple[str, ...]:
-    """Gold answers as a tuple of strings: one string, or a non-empty list of strings (numbers are written out)."""
-    if isinstance(golds, str):
-        return (golds,)
-    ok = isinstance(golds, (list, tuple)) and len(golds) > 0 and all(
+    """Gold answers as a tuple of strings: one string, or a non-empty list of strings (numbers are written out), each
+    keeping something under EM's normalisation (tg.reward.normalize_answer drops articles and punctuation: a gold
+    "The The" would match any answer made of articles, an empty one nothing a policy says)."""
+    ok = isinstance(golds, str) or isinstance(golds, (list, tuple)) and len(golds) > 0 and all(
         isinstance(g, (str, int, float)) and not isinstance(g, bool) for g in golds)
     if not ok:
         shown = json.dumps(golds, default=str)[:100]
         raise DataError(f"{where}: `golden_answers` is {shown}; it must be a non-empty list of strings (or one "
                         'string), e.g. ["Paris"]. Fix the row or drop it.')
-    return tuple(str(g) for g in golds)
+    out = (golds,) if isinstance(golds, str) else tuple(str(g) for g in golds)
+    if (empty := next((g for g in out if not normalize_answer(g)), None)) is not None:
+        raise DataError(f"{where}: gold answer {empty!r} is empty once normalised (lowercase, no articles or "
+                        "punctuation), so exact match would score it against any answer of articles or none; fix the "
+                        "row or drop it.")
+    return out
 
 
 def _to_question(row: Any, index: int, source: str, where: str) -> Question:

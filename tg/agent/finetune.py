@@ -12,11 +12,12 @@ import copy
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
-from tg.config import ModelConfig
+from tg.config import ConfigError, ModelConfig
+from tg.config_values import did_you_mean
 
 
 def torch_dtype(cfg: ModelConfig, device: torch.device) -> torch.dtype:
@@ -101,6 +102,17 @@ def _no_cpu_inference_packing(model: Any) -> None:
             m.support_avx512bf16_for_cpu = False
 
 
+def check_lora_targets(model: torch.nn.Module, targets: Sequence[str]) -> None:
+    """ConfigError, in one line naming the closest name, unless every entry of model.lora_targets names a linear layer
+    of `model` (its last dotted part, as peft matches `target_modules`)."""
+    linear = sorted({name.rpartition(".")[2] for name, m in model.named_modules()
+                     if isinstance(m, torch.nn.Linear)})  # bitsandbytes' Linear4bit is one too
+    for t in targets:
+        if t not in linear:
+            raise ConfigError(f"config field `model.lora_targets` names {t!r}, no linear layer of the model"
+                              f"{did_you_mean(t, linear)}; its linear layers: {', '.join(linear)}")
+
+
 def trainable_policy(path: str | Path, cfg: ModelConfig, device: torch.device | None = None) -> TrainablePolicy:
     """Load the policy at `path` (a local directory or hub id) ready to train as `cfg.finetune` says."""
     device = device or default_device()
@@ -120,6 +132,7 @@ def trainable_policy(path: str | Path, cfg: ModelConfig, device: torch.device | 
         _no_cpu_inference_packing(model)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    check_lora_targets(model, cfg.lora_targets)
     lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                       target_modules=list(cfg.lora_targets), task_type="CAUSAL_LM")
     return TrainablePolicy(get_peft_model(model, lora), cfg.finetune)

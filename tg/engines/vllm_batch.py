@@ -1,4 +1,4 @@
-"""A `VLLMEngine` batch (tg.engines.vllm_engine): the `EngineBatch` interface of `tg.engines.engine` on vLLM.
+"""A `VLLMEngine` batch (tg.engines.vllm_engine, a `BatchEngine`): the `EngineBatch` interface of `tg.engines.engine` on vLLM.
 
 How it maps the interface onto vLLM:
 1. Stateless rows. vLLM keeps no per-row state between calls: each `generate` submits every listed
@@ -40,16 +40,29 @@ How it maps the interface onto vLLM:
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
 from tg.agent.protocol import STOP_STRINGS
-from tg.engines.engine import GenOut, PrefillStats, Sampling
+from tg.engines.engine import GenOut, PrefillStats, Sampling, StopChecker
 from tg.engines.vllm_setup import VLLMSetupError
 
-if TYPE_CHECKING:
-    from tg.engines.vllm_engine import VLLMEngine
+
+class BatchEngine(Protocol):
+    """What a batch needs of its engine (`tg.engines.vllm_engine.VLLMEngine` is one): the engine runs the requests,
+    the batch builds them and keeps the rows."""
+
+    stop: StopChecker
+    entropies: bool
+    max_model_len: int
+
+    @property
+    def per_request_seeds(self) -> bool:
+        """Whether each sampled request may carry its own seed (GPU), or a call draws from torch's generator (CPU)."""
+
+    def run(self, prompts: Sequence[Sequence[int]], params: Sequence[Any], seed: int | None = None) -> list[Any]:
+        """vLLM's outputs of the requests, in order (`seed`: the generator's seed of a CPU call)."""
 
 
 def derive_seed(*parts: int) -> int:
@@ -79,7 +92,7 @@ def full_logprob_stats(flat: Any, ids: Sequence[int]) -> tuple[list[float], list
 class VLLMBatch:
     """Rows of a `VLLMEngine` batch; see `tg.engines.engine.EngineBatch`. A row is its token context."""
 
-    def __init__(self, engine: VLLMEngine, contexts: Sequence[Sequence[int]], counts: Sequence[int],
+    def __init__(self, engine: BatchEngine, contexts: Sequence[Sequence[int]], counts: Sequence[int],
                  sampling: Sampling) -> None:
         if len(contexts) != len(counts) or any(len(c) < 1 for c in contexts) or any(n < 0 for n in counts):
             raise ValueError("open(contexts, counts): one count >= 0 per non-empty context")

@@ -18,7 +18,7 @@ import pandas as pd
 from tg.experiments.verdict import ALPHA, PairedTest, claim_verdict, holm, paired_test, t_critical, verdict
 
 FINAL_STEP = 60
-"""The evaluation step every comparison reads (the cpu preset's last, `tg.experiments.mini.POINTS`)."""
+"""The evaluation step every comparison reads (the cpu preset's last, `tg.experiments.cells.POINTS`)."""
 THEORY_TOLERANCE = 1e-10
 """Claim 7 holds if every |difference| of Proposition 3.1's three forms is below this (float64 gradients)."""
 REGIMES = ("hard", "moderate")

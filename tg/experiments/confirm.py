@@ -12,15 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 import numpy as np
 import pandas as pd
 
+from tg.experiments.cells import CHAIN4, TREE221, Cell, train_cells, tree_shape
+from tg.experiments.grid_files import grid_rows, mini_dir, outcome_vector
 from tg.experiments.verdict import ALPHA, OneSidedTest, holm, one_sided_test, paired_test, two_look_levels
-
-if TYPE_CHECKING:
-    from tg.experiments.mini import Cell
 
 GRID = "confirm"
 STAGE1_SEEDS: tuple[int, ...] = tuple(range(100, 112))
@@ -73,21 +70,20 @@ MORE_ON_MULTI = "more on multi-hop than on single-hop (moderate start)"
 def cells() -> list[Cell]:
     """Every cell the protocol may run, each labelled with its `stage`: '1' (look 1's seeds, trained to 120
     steps), '2' (look 2's added seeds, 60 steps) and 'secondary' (run only once the primary holds)."""
-    from tg.experiments.mini import CHAIN4, TREE221, Cell, _train_cells, tree_shape
     def staged(cs: list[Cell], stage: str, points: tuple[int, ...] = (30, 60)) -> list[Cell]:
         return [Cell(c.name, c.kind, c.overrides, c.seeds, points if c.kind == "train" else c.points,
                      {**c.labels, "stage": stage}) for c in cs]
     pair = {"chain": CHAIN4, "tree": TREE221}
     out: list[Cell] = []
     for start in STARTS:
-        out += staged(_train_cells(start, "multi-hop", pair, seeds=STAGE1_SEEDS), "1", HORIZON)
+        out += staged(train_cells(start, "multi-hop", pair, seeds=STAGE1_SEEDS), "1", HORIZON)
     for start in STARTS:
-        out += staged(_train_cells(start, "multi-hop", pair, seeds=STAGE2_SEEDS, start=False), "2")
+        out += staged(train_cells(start, "multi-hop", pair, seeds=STAGE2_SEEDS, start=False), "2")
     budgets = {"chain-2": tree_shape(2, 0, 0), "tree (1,2,1)": tree_shape(1, 2, 1),
                "chain-8": tree_shape(8, 0, 0), "tree (4,2,1)": tree_shape(4, 2, 1)}
     for start in STARTS:
-        out += staged(_train_cells(start, "multi-hop", budgets, seeds=STAGE1_SEEDS, start=False), "secondary")
-    out += staged(_train_cells("moderate", "single-hop", pair, seeds=STAGE1_SEEDS), "secondary")
+        out += staged(train_cells(start, "multi-hop", budgets, seeds=STAGE1_SEEDS, start=False), "secondary")
+    out += staged(train_cells("moderate", "single-hop", pair, seeds=STAGE1_SEEDS), "secondary")
     return out
 
 
@@ -223,7 +219,6 @@ def bootstrap_interval(questions: pd.DataFrame, seeds: list[int], resamples: int
     """A robustness check beside the declared test (not the verdict): the 95% percentile interval of the
     primary's mean difference when both seeds and test questions are resampled with replacement (two levels:
     scipy.stats.bootstrap resamples one). `questions`: the grid's question-level file."""
-    from tg.experiments.measure import outcome_vector
     at = questions[questions["step"] == STEP].set_index(["cell", "seed"])
     per_seed = []
     for s in seeds:
@@ -243,7 +238,6 @@ def bootstrap_interval(questions: pd.DataFrame, seeds: list[int], resamples: int
 
 def load_questions(root: str | Path | None = None) -> pd.DataFrame | None:
     """results/mini/questions/confirm.csv, or None before its first row."""
-    from tg.experiments.mini import grid_rows, mini_dir
     path = mini_dir(root) / "questions" / f"{GRID}.csv"
     if not path.exists():
         return None

@@ -10,11 +10,12 @@ from pathlib import Path
 import pandas as pd
 
 from tg.experiments import confirm
+from tg.experiments.grid_files import mini_dir, read_grid
+from tg.experiments.summary import markdown
 
 
 def load(root: str | Path | None = None) -> pd.DataFrame | None:
     """results/mini/confirm.csv, or None before its first row."""
-    from tg.experiments.mini import mini_dir, read_grid
     path = mini_dir(root) / f"{confirm.GRID}.csv"
     return read_grid(path) if path.exists() else None
 
@@ -48,7 +49,6 @@ def _p(p: float) -> str:
 
 def report(root: str | Path | None = None) -> str:
     """The whole report in markdown (the protocol: results/mini/confirm.md)."""
-    from tg.experiments.summary import markdown
     rows = load(root)
     parts = [f"**{sentence(root, rows)}**"]
     if rows is None:

@@ -11,7 +11,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from tg.config import Config
-from tg.experiments.mini import Cell, Job, cell_config, regime_of
+from tg.experiments.cells import Cell, cell_config, regime_of
+from tg.experiments.grid_files import Job, question_outcomes
 from tg.metrics import TIMERS
 from tg.store.files import provenance
 
@@ -43,26 +44,6 @@ def eval_columns(result: Any) -> dict:
     return {"em_single": round(100 * sc[single].mean(), 2), "em_multi": round(100 * sc[multi].mean(), 2),
             "calls_single": round(calls[single].mean(), 3), "calls_multi": round(calls[multi].mean(), 3),
             "n_single": len(single), "n_multi": len(multi)}
-
-
-def question_outcomes(result: Any, questions: list[Any]) -> dict:
-    """One evaluation's test questions, compact: `correct` (one 0/1 character per question) and `searches` (one
-    digit per question), single-hop questions first, in test-set order; `ids` a hash of that order."""
-    import hashlib
-
-    from tg.agent.data import is_single_hop
-    if sorted({float(x) for x in result.scores} - {0.0, 1.0}) or max(result.tool_calls, default=0) > 9:
-        raise ValueError("question outcomes hold 0/1 scores and at most 9 searches per question")
-    n_single = sum(is_single_hop(s) for s in result.sources)
-    return {"n_single": n_single, "ids": hashlib.sha256("\n".join(q.id for q in questions).encode()).hexdigest()[:12],
-            "correct": "".join(str(int(x)) for x in result.scores), "searches": "".join(map(str, result.tool_calls))}
-
-
-def outcome_vector(row: Any, part: str, column: str = "correct") -> np.ndarray:
-    """One question-level row's outcomes of `part` ('single' or 'multi') as an integer array."""
-    digits = np.array([int(c) for c in str(row[column])])
-    n_single = int(row["n_single"])
-    return digits[:n_single] if part == "single" else digits[n_single:]
 
 
 def _training_columns(metrics: list[dict]) -> dict:
@@ -112,17 +93,29 @@ def _job_rows(job: Job, root: Path) -> Iterator[dict]:
                "eval_s": round(time.perf_counter() - t0, 1), QUESTIONS_KEY: _questions(result, res, cfg)}
     else:
         from tg.pipeline import build_run, train_and_evaluate
-        from tg.store.rundir import has_checkpoint, read_checkpoint
-        run = build_run(cfg, root / "runs" / "mini" / job.experiment / f"{job.cell.name}-s{job.seed}".replace("/", "_"))
-        resumed_at = read_checkpoint(run.trainer.run_dir, mmap=True).state["step"] if has_checkpoint(run.trainer.run_dir) else 0
+        from tg.store.rundir import RunDirError, check_trained_as, has_checkpoint, read_checkpoint
+        run_dir = root / "runs" / "mini" / job.experiment / f"{job.cell.name}-s{job.seed}".replace("/", "_")
+        resumed_at = 0
+        if has_checkpoint(run_dir):  # a run an earlier grid run began: resumed only under the config it trained with
+            check_trained_as(run_dir, cfg, f"cell {job.cell.name!r} has changed since; move {run_dir} away to train "
+                                           "it anew under the new config")
+            resumed_at = read_checkpoint(run_dir, mmap=True).state["step"]
+        run = build_run(cfg, run_dir)
         machines = _run_machines(run.trainer.run_dir, resumed_at > 0)
-        for p, metrics, result in train_and_evaluate(run, cfg, job.points, resumed_at > 0, progress=False):
+        passed = [p for p in job.points if p < resumed_at]
+        for p, metrics, result in train_and_evaluate(run, cfg, [p for p in job.points if p >= resumed_at],
+                                                     resumed_at > 0, progress=False):
             prev = max((q for q in job.cell.points if q < p), default=0)
             steps = [{"cell": job.cell.name, "seed": job.seed, **m} for m in metrics if prev < m["step"] <= p]
             earlier = sum(m[k] for m in steps if m["step"] <= resumed_at for k in TIMERS)
             yield {**_provenance(cfg, job.cell, job.seed, p), "machine": machines, **eval_columns(result),
                    **_training_columns(metrics), STEPS_KEY: steps, EARLIER_KEY: earlier,
                    QUESTIONS_KEY: _questions(result, run.resources, cfg)}
+        if passed:  # the later points were evaluated from the checkpoint; these need the run again from its start
+            raise RunDirError(f"{run_dir} holds a checkpoint at step {resumed_at}, past the evaluation point(s) "
+                              f"{', '.join(map(str, passed))} whose rows are missing (its run went on after its last "
+                              f"row was written): the later points are evaluated; move {run_dir} away and rerun the "
+                              "same command to train the run again for them")
 
 
 def _questions(result: Any, res: Any, cfg: Config) -> dict:

@@ -11,8 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from tg.config import ConfigError
+from tg.experiments import confirm, confirm_report
 from tg.experiments.claims import branching_table, claims_report, load_frames
-from tg.experiments.summary import cost_table, load_steps, report
+from tg.experiments.summary import cost_table, demo_table, load_steps, report
 from tg.store.files import atomic_write_text
 
 GRIDS: dict[str, str] = {
@@ -39,13 +40,18 @@ GRIDS: dict[str, str] = {
 """The grids of the full report, in the claims' order, with what each table shows (no numbers: those are data)."""
 
 
+def grid_report(name: str, root: str | Path | None = None) -> str:
+    """One experiment's report (`tg mini report NAME`): the confirmatory grid's verdict by its declared rule, any
+    other grid's table."""
+    return confirm_report.report(root) if name == confirm.GRID else report(name, root)
+
+
 def full_report(root: str | Path | None = None) -> str:
     """The claims table, then every grid's table, then the training cost (results/mini/README.md's report)."""
-    from tg.experiments.confirm_report import report as confirm_report
     parts = ["### The claims table", claims_report(root),
              "### Claim 2 on fresh seeds: the confirmatory experiment",
              "Declared before its first row ([confirm.md](confirm.md)); `figures/fig_mini_confirm.png`.",
-             confirm_report(root),
+             confirm_report.report(root),
              "### Beyond the paper: where to branch", branching_table(load_frames(root))]
     for name, caption in GRIDS.items():
         try:
@@ -64,7 +70,6 @@ def blocks(root: str | Path | None = None) -> dict[Path, list[tuple[str, str]]]:
     """Each generated file under `root` (default: this checkout) -> its blocks (name, text): the README's short
     claims table and, where `make demo` has written results/demo.csv, its table; results/mini's full report."""
     from tg.agent.world import resolve
-    from tg.experiments.summary import demo_table
     base = Path(root) if root else resolve(".")
     readme = [("claims", claims_report(root, short=True) + "\n\n" + confirm_line(root))]
     if (base / "results" / "demo.csv").exists():
@@ -74,9 +79,7 @@ def blocks(root: str | Path | None = None) -> dict[Path, list[tuple[str, str]]]:
 
 def confirm_line(root: str | Path | None = None) -> str:
     """The README's line on claim 2's confirmatory experiment: its verdict sentence and its secondaries."""
-    from tg.experiments import confirm
-    from tg.experiments.confirm_report import load, sentence
-    rows = load(root)
+    rows = confirm_report.load(root)
     secondaries = confirm.secondary_results(rows) if rows is not None else []
     held = [s for s in secondaries if s.verdict == "holds"]
     tested = any(s.test for s in secondaries)
@@ -85,7 +88,7 @@ def confirm_line(root: str | Path | None = None) -> str:
               if tested else "the secondaries are not tested: the rule tests them only if it holds" if decided
               else "secondaries tested only once it holds")
     return (f"Claim 2 on fresh seeds, declared before its first row ([results/mini/confirm.md](results/mini/confirm.md)):"
-            f" **{sentence(root, rows)}**; {second}.")
+            f" **{confirm_report.sentence(root, rows)}**; {second}.")
 
 
 def markers(name: str) -> tuple[str, str]:
@@ -108,6 +111,10 @@ def write_readmes(root: str | Path | None = None) -> list[Path]:
     """Regenerate every block in place (atomic writes); returns the files written."""
     texts = {}
     for path, made in blocks(root).items():
+        if not path.is_file():
+            raise ConfigError(f"{path} does not exist: --readme rewrites the generated blocks of a checkout's README.md "
+                              "and results/mini/README.md; point --root at a checkout, or leave --readme out to print "
+                              "the report")
         text = path.read_text()
         for name, block in made:
             text = replace_block(text, name, block)

@@ -23,7 +23,9 @@ from typing import Callable
 
 from tg.agent.data import DataError
 from tg.config import ConfigError
-from tg.experiments.mini import Cell, cell_config, experiments, grid_rows, mini_dir, steps_path
+from tg.experiments.cells import Cell, cell_config
+from tg.experiments.grid_files import grid_rows, mini_dir, steps_path
+from tg.experiments.mini import experiments
 from tg.experiments.runner import GRID_THREADS
 from tg.metrics import METRICS, TIMERS
 
@@ -108,6 +110,9 @@ def rerun(path: Path, cell_name: str, seed: int, steps: int | None = None, run_d
     each evaluation with the committed values."""
     from tg.experiments.measure import eval_columns
     from tg.pipeline import build_run, evaluate_model
+    if steps is not None and steps < 1:
+        raise ConfigError(f"--steps {steps}: a rerun trains and compares at least the first step; leave --steps out to "
+                          "rerun the whole run")
     c = committed(path, cell_name, seed)
     cfg = cell_config(c.cell, seed)
     made = next(iter(c.rows.values()))["config_hash"]
@@ -197,15 +202,19 @@ def compare_grid(grid_or_csv: str, rerun_root: str | Path | None = None,
                  root: str | Path | None = None) -> list[GridComparison]:
     """The rows and per-step metrics of a rerun grid (a grid name under `rerun_root`, where `tg mini run GRID
     --root DIR` wrote, or a CSV such as /tmp/rerun/results/mini/budget.csv) against the committed ones of the same grid
-    under `root` (default: this checkout)."""
+    under `root` (default: this checkout). DataError when no row is in both: a comparison of nothing passes nothing."""
     new = grid_csv(grid_or_csv, rerun_root)
     old = mini_dir(root) / new.name
     if not old.exists():
         raise DataError(f"{old}: no committed grid {new.stem!r} to compare {new} with")
     if old.resolve() == new.resolve():
         raise ConfigError(f"{new} is the committed grid itself: name the rerun's CSV or its --root DIR")
-    return [compare_rows(new.stem, "rows", old, new, IGNORED),
-            compare_rows(new.stem, "steps", steps_path(old), steps_path(new), IGNORED + TIMERS)]
+    found = [compare_rows(new.stem, "rows", old, new, IGNORED),
+             compare_rows(new.stem, "steps", steps_path(old), steps_path(new), IGNORED + TIMERS)]
+    if not found[0].matched:
+        raise DataError(f"{new} shares no (cell, seed, step) with the committed {old}: nothing to compare; run some of "
+                        f"the grid into the rerun's root first (`tg mini run {new.stem} --root DIR`)")
+    return found
 
 
 def describe_comparison(c: GridComparison) -> str:

@@ -2,12 +2,15 @@
 
 `run_experiment` appends each row to `results/mini/<experiment>.csv` as it arrives and skips rows already there, so
 an interrupted grid resumes where it stopped (training also resumes from the run's last checkpoint under
-`runs/mini/`). Workers are separate processes with one torch thread each; only the parent writes the files."""
+`runs/mini/`). Workers are separate processes with one torch thread each; only the parent writes the files, and a worker ends
+when its parent does (`watch_parent`), even killed, so no orphan trains rows nobody writes."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import signal
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -15,8 +18,11 @@ from typing import Any, Iterator
 
 from tg.config import ConfigError
 from tg.experiments.measure import QUESTIONS_KEY, STEPS_KEY, run_job
-from tg.experiments.mini import (GRID_KEY, Cell, Job, append_grid_rows, cell_config, done_keys, mini_dir, pending_jobs,
-                                 questions_path, read_grid, reuse_rows, row_key, run_lock, select_cells, steps_path)
+from tg.experiments import confirm
+from tg.experiments.cells import Cell, cell_config
+from tg.experiments.mini import select_cells
+from tg.experiments.grid_files import (GRID_KEY, Job, append_grid_rows, done_keys, mini_dir, pending_jobs, questions_path,
+                                       read_grid, reuse_rows, row_key, run_lock, steps_path)
 from tg.store.files import drop_torn_row, exclusive_run
 
 
@@ -33,8 +39,20 @@ def _job_span(job: Job) -> tuple[int, int]:
     return max((p for p in job.cell.points if p < min(job.points)), default=0), max(job.points)
 
 
-def _worker(jobs: Any, out: Any, root: str) -> None:
+def watch_parent(parent: int, every_s: float = 1.0) -> None:
+    """End this process (exit 1) within `every_s` seconds of its parent's death, from a daemon thread: a worker
+    whose `tg mini run` was killed (SIGKILL runs no handler) stops instead of training on as an orphan whose rows
+    nobody writes."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        os._exit(1)
+    threading.Thread(target=watch, name="watch-parent", daemon=True).start()
+
+
+def _worker(jobs: Any, out: Any, root: str, parent: int) -> None:
     from tg.agent.warmup import torch_threads
+    watch_parent(parent)
     with torch_threads(GRID_THREADS):
         while (job := jobs.get()) is not None:
             try:
@@ -43,6 +61,11 @@ def _worker(jobs: Any, out: Any, root: str) -> None:
             except Exception as err:  # reported by the parent; the other jobs go on
                 out.put(("error", job, f"{type(err).__name__}: {err}"))
             out.put(("done", job, None))
+
+
+class JobsFailed(RuntimeError):
+    """Jobs of a grid failed in their worker processes (the other jobs went on): the grid's rows are incomplete, and
+    `tg mini run` exits 1 so that a script does not go on to report on them."""
 
 
 def check_workers(workers: int) -> None:
@@ -62,7 +85,8 @@ def run_experiment(name: str, workers: int = 2, root: str | Path | None = None,
     """Run every missing (cell, seed, point) of experiment `name`; rows go to <root>/results/mini/<name>.csv. One run
     of a grid under a root at a time: a second is refused at once (`run_lock`), so no row is made twice. With
     `until`, only the points up to that step: a run stops at its checkpoint there, and a later call resumes it
-    from that checkpoint (the same state, so its later rows equal those of an uninterrupted run)."""
+    from that checkpoint (the same state, so its later rows equal those of an uninterrupted run). Raises JobsFailed,
+    once every job has ended, when any failed."""
     from tg.agent.world import resolve
     check_workers(workers)
     check_until(until)
@@ -71,6 +95,7 @@ def run_experiment(name: str, workers: int = 2, root: str | Path | None = None,
         cells = [c for c in (replace(c, points=tuple(p for p in c.points if p <= until)) for c in cells) if c.points]
     root = Path(root) if root else resolve(".")
     path = mini_dir(root) / f"{name}.csv"
+    failed = 0
     with exclusive_run(run_lock(root, name), f"`tg mini run {name}` on {mini_dir(root)}"):
         for p in (path, steps_path(path), questions_path(path)):  # a torn last row: dropped (one warning), made again
             drop_torn_row(p, GRID_KEY, ints=("seed", "step"))
@@ -83,8 +108,12 @@ def run_experiment(name: str, workers: int = 2, root: str | Path | None = None,
             jobs = pending_jobs(name, now, path)
             print(f"experiment {name}: {len(now)} cells, {len(jobs)} (cell, seed) jobs to run "
                   f"({sum(len(j.points) for j in jobs)} rows) -> {path}", flush=True)
-            if not jobs or _run_jobs(name, jobs, now, root, path, workers) or name != "confirm":
+            failed = _run_jobs(name, jobs, now, root, path, workers) if jobs else 0
+            if not jobs or failed or name != "confirm":
                 break
+    if failed:
+        raise JobsFailed(f"experiment {name}: {failed} job(s) failed (each printed after FAILED above), so their rows "
+                         f"are missing from {path}: fix the cause and rerun the same command to make them")
     return path
 
 
@@ -93,7 +122,6 @@ def _stage_cells(name: str, cells: list[Cell], path: Path) -> list[Cell]:
     (`tg.experiments.confirm.active_cells`, results/mini/confirm.md)."""
     if name != "confirm":
         return cells
-    from tg.experiments import confirm
     rows = read_grid(path) if path.exists() else None
     now = confirm.active_cells(cells, rows)
     print(f"experiment confirm: {confirm.primary_verdict(rows) if rows is not None else 'stage 1 running'}; "
@@ -118,7 +146,8 @@ def _run_jobs(name: str, jobs: list[Job], cells: list[Cell], root: Path, path: P
         q_jobs, q_out = ctx.Queue(), ctx.Queue()
         for j in jobs:
             q_jobs.put(j)
-        procs = [ctx.Process(target=_worker, args=(q_jobs, q_out, str(root)), daemon=True) for _ in range(workers)]
+        procs = [ctx.Process(target=_worker, args=(q_jobs, q_out, str(root), os.getpid()), daemon=True)
+                 for _ in range(workers)]
         for p in procs:
             q_jobs.put(None)
             p.start()

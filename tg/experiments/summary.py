@@ -4,24 +4,33 @@ markdown tables of results/mini/README.md's report (`tg mini report`; the claims
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Mapping
 
 import numpy as np
 import pandas as pd
 
-from tg.experiments.mini import mini_dir, read_grid
+from tg.experiments.grid_files import grid_rows, mini_dir, read_grid
 from tg.metrics import TIMERS
+
+log = logging.getLogger(__name__)
 
 
 def load_rows(name: str, root: str | Path | None = None) -> pd.DataFrame:
-    """results/mini/<name>.csv as a DataFrame, its rows checked (`tg.experiments.mini.read_grid`: a torn last row
+    """results/mini/<name>.csv as a DataFrame, its rows checked (`tg.experiments.grid_files.read_grid`: a torn last row
     left out, a wrong header or a (cell, seed, step) written twice refused, so no summary averages a row twice);
-    ConfigError naming the command when the file is missing."""
+    ConfigError naming the command when the file is missing. A measurement written as nan is left out of every mean
+    and paired difference, which drops its seed: a logged warning names each."""
     from tg.config import ConfigError
     path = mini_dir(root) / f"{name}.csv"
     if not path.exists():
         raise ConfigError(f"{path} does not exist: run `tg mini run {name}` first")
+    nan = [f"{r['cell']} seed {r['seed']} step {r['step']} ({', '.join(k for k, v in r.items() if v.lower() == 'nan')})"
+           for r in grid_rows(path) if any(v.lower() == "nan" for v in r.values())]
+    if nan:
+        log.warning("%s: %d row(s) hold nan, left out of the means and paired differences (their seeds drop out): %s",
+                    path, len(nan), "; ".join(nan))
     return read_grid(path)
 
 
@@ -111,10 +120,8 @@ def markdown(header: list[str], rows: list[list[str]]) -> str:
 
 
 def report(name: str, root: str | Path | None = None) -> str:
-    """A markdown table of an experiment's results (what results/mini/README.md quotes)."""
-    if name == "confirm":  # a verdict by its declared rule, not a table of cells
-        from tg.experiments.confirm_report import report as confirm_report
-        return confirm_report(root)
+    """A markdown table of an experiment's results (what results/mini/README.md quotes); the confirmatory grid's
+    report is a verdict by its declared rule instead (tg.experiments.confirm_report)."""
     df = load_rows(name, root)
     if name == "theory":
         worst = df[["intra_err", "dpo_err", "ratio_err"]].max()

@@ -70,9 +70,10 @@ def exclusive_run(lock: Path, what: str) -> Iterator[None]:
 
 def checked_rows(path: Path, key: Sequence[str] = (), ints: Sequence[str] = ()) -> tuple[list[str], list[dict]]:
     """The header and rows (values as str) of the CSV at `path`, each row checked: as many fields as the header,
-    every `key` column filled (`ints` among them as integers), and no two rows with the same `key`. A bad last row,
-    or a last line without its newline, is a torn write (the writer stopped within it): it is left out with a
-    logged warning, so whatever counts the rows makes it again. A header without a `key` column, a bad row before
+    every `key` column filled (`ints` among them as integers), and no two rows with the same `key`. A bad last row
+    is a torn write (the writer stopped within it): it is left out with a logged warning, so whatever counts the rows
+    makes it again; a whole last row that only lacks its final newline (an editor's save) is kept, with a warning. A
+    byte-order mark (a spreadsheet's UTF-8 export) is read past. A header without a `key` column, a bad row before
     the last or a repeated key is refused: ConfigError naming the file, the line and the fix."""
     header, rows, _ = _checked(path, key, ints)
     return header, rows
@@ -92,7 +93,7 @@ def _checked(path: Path, key: Sequence[str], ints: Sequence[str]) -> tuple[list[
     """`checked_rows`, and whether a torn last row was left out."""
     if not path.exists():
         return [], [], False
-    with path.open(newline="") as f:
+    with path.open(newline="", encoding="utf-8-sig") as f:
         text = f.read()
     if not text:
         return [], [], False
@@ -104,8 +105,10 @@ def _checked(path: Path, key: Sequence[str], ints: Sequence[str]) -> tuple[list[
     lines = [(reader.line_num, fields) for fields in reader if fields]
     rows, seen = [], {}
     for i, (line, fields) in enumerate(lines):
-        torn = i == len(lines) - 1 and not text.endswith("\n")
-        bad = "cut short (no newline at its end)" if torn else _bad_row(header, fields, key, ints)
+        bad = _bad_row(header, fields, key, ints)
+        if not bad and i == len(lines) - 1 and not text.endswith(("\n", "\r")):
+            log.warning("%s, line %d: last row has no newline at its end; kept as a whole row (if its writer was cut "
+                        "off within its last value, delete that line)", path, line)
         if bad and i == len(lines) - 1:
             log.warning("%s, line %d: last row %s, an interrupted write: left out, to be made again", path, line, bad)
             return header, rows, True

@@ -3,7 +3,11 @@
 - One run per directory: `run_lock` holds RUN_DIR/run.lock (fcntl), which names the holder's PID; a second
   run in the directory is refused, not interleaved.
 - No silent overwrite: `check_run_dir` refuses a directory that already holds a run unless the run is
-  resumed or explicitly overwritten, and refuses to resume under a config that trains differently.
+  resumed or explicitly overwritten.
+- A checkpoint carries its config, and every reader (resume, grid resume, eval, rerun) checks against it:
+  `trained_config` reads the config a run was trained with from its newest readable checkpoint (tg_config.json
+  beside it only says what the last command asked for), and `check_trained_as` refuses to go on under a config
+  that trains differently, naming the fields.
 - Checkpoints: `write_checkpoint` reads the new file back before it replaces the old one, and keeps the
   last verified one as checkpoint.prev.pt; `read_checkpoint` falls back to it when checkpoint.pt is
   truncated or corrupt.
@@ -11,10 +15,12 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import pickle
+import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,17 +133,37 @@ def _last_step(run_dir: Path) -> int | None:
         return None
 
 
+def trained_config(source: Path) -> Config | None:
+    """The config the run at `source` was trained with: the one its checkpoint holds (`source` a checkpoint file,
+    or a run directory's newest readable checkpoint); for a run directory without a checkpoint, its
+    tg_config.json; None when there is neither. RunDirError when a checkpoint is there but none reads."""
+    if not source.is_file() and not has_checkpoint(source):
+        return saved_config(source)
+    state = read_trained(source, mmap=True).state
+    if "config" not in state:
+        raise RunDirError(f"checkpoint {source} holds no config (not written by this version of tg): evaluate it from "
+                          f"its run directory, or retrain it")
+    return Config.from_dict(state["config"])
+
+
+def check_trained_as(source: Path, cfg: Config, fix: str) -> None:
+    """RunDirError naming the fields when `cfg` trains differently (`training_differences`) from the config the run
+    at `source` was trained with (`trained_config`); `fix` says what to do instead."""
+    trained = trained_config(source)
+    diff = training_differences(trained, cfg) if trained is not None else []
+    if diff:
+        raise RunDirError(f"the run in {source} was trained under a config that trains differently from this one "
+                          f"({'; '.join(diff)}): {fix}")
+
+
 def check_run_dir(run_dir: Path, cfg: Config, resume: bool, overwrite: bool) -> None:
     """Before `tg train` writes into `run_dir` (holding its `run_lock`): without `resume` or `overwrite`, refuse
-    a directory that already holds a run, finished or not; with `resume`, refuse a saved config that trains
-    differently, naming the fields; with `overwrite`, delete the old run's checkpoints and metrics."""
+    a directory that already holds a run, finished or not; with `resume`, refuse a config that trains differently
+    from the one the run was trained with (`check_trained_as`); with `overwrite`, delete the old run's
+    checkpoints and metrics."""
     found = [n for n in RUN_FILES if (run_dir / n).exists()]
     if resume:
-        saved = saved_config(run_dir)
-        diff = training_differences(saved, cfg) if saved is not None else []
-        if diff:
-            raise RunDirError(f"--resume of {run_dir} under a config that trains differently from its {CONFIG} "
-                              f"({'; '.join(diff)}): resume with the saved values, or pass --overwrite instead")
+        check_trained_as(run_dir, cfg, "--resume with the trained values, or pass --overwrite instead")
     elif found and not overwrite:
         step = _last_step(run_dir)
         raise RunDirError(f"run directory {run_dir} already holds a run ({', '.join(found)}"
@@ -193,16 +219,30 @@ def read_checkpoint(run_dir: Path, mmap: bool = False) -> Loaded:
                       "run anew")
 
 
+def read_trained(source: Path, mmap: bool = False) -> Loaded:
+    """The checkpoint file `source`, or the run directory `source`'s newest readable checkpoint (`read_checkpoint`)."""
+    return Loaded(_load(source, mmap), source) if source.is_file() else read_checkpoint(source, mmap)
+
+
 def write_checkpoint(run_dir: Path, state: dict) -> Path:
     """Save `state` as RUN_DIR/checkpoint.pt so a readable checkpoint exists at every moment: write a temporary
     file, read it back, move the current checkpoint (when it reads) to checkpoint.prev.pt, then the new
-    one into place. Raises RunDirError, keeping the old checkpoint, when the new file does not read back."""
+    one into place. Raises RunDirError, keeping the old checkpoint, when the new file does not read back or the disk
+    is full (`_disk_full`: the line says so)."""
     path, tmp = run_dir / CHECKPOINT, run_dir / (CHECKPOINT + ".tmp")
     try:
-        with tmp.open("wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with tmp.open("wb") as f:
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())
+        except (OSError, RuntimeError) as err:
+            if not _disk_full(err):
+                raise
+            free = shutil.disk_usage(run_dir).free / 2**20
+            raise RunDirError(f"checkpoint {tmp} could not be written: the disk holding {run_dir} is full ({free:.0f} MiB "
+                              f"free; {err.strerror if isinstance(err, OSError) else 'short write'}); free some space "
+                              f"and continue with --resume: {path} is kept") from err
         if _load(tmp, mmap=True)["step"] != state["step"]:
             raise RunDirError(f"checkpoint {tmp} reads back another step than {state['step']}; {path} is kept")
         if path.exists() and _readable(path):
@@ -211,6 +251,12 @@ def write_checkpoint(run_dir: Path, state: dict) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def _disk_full(err: BaseException) -> bool:
+    """Whether a failed save ran out of disk: ENOSPC (or EDQUOT, a full quota), or torch's zip writer finding fewer
+    bytes in the file than it wrote ('unexpected pos', its way of reporting a short write)."""
+    return getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "unexpected pos" in str(err)
 
 
 def _readable(path: Path) -> bool:
