@@ -55,6 +55,7 @@ with sits in six subpackages.
       claims.py     the claims table: the declared comparisons and their verdicts
       confirm.py    the confirmatory experiment's declared protocol and rule (results/mini/confirm.md)
       summary.py    the grids' rows read back as tables; confirm_report.py: the confirmatory verdict's report
+      findings.py   what the committed rows say about tree against chain, as tables and generated sentences
       report.py     `tg mini report`: every grid's report, the generated blocks of the READMEs
       demo.py       `make demo`: chain GRPO vs Tree-GRPO at equal budget; plots.py: its curves, trees drawn
       lesson.py     the notebooks' set-up in one call (`setup`) and self-checking exercises (`exercise`)
