@@ -68,12 +68,14 @@ def full_report(root: str | Path | None = None) -> str:
 
 def blocks(root: str | Path | None = None) -> dict[Path, list[tuple[str, str]]]:
     """Each generated file under `root` (default: this checkout) -> its blocks (name, text): the README's short
-    claims table and, where `make demo` has written results/demo.csv, its table; results/mini's full report."""
+    claims table and, where `make demo` (`tg demo --preset smol`) has written results/demo.csv (demo_smol.csv), its
+    table; results/mini's full report."""
     from tg.agent.world import resolve
     base = Path(root) if root else resolve(".")
     readme = [("claims", claims_report(root, short=True) + "\n\n" + confirm_line(root))]
-    if (base / "results" / "demo.csv").exists():
-        readme.append(("demo", demo_table(base / "results" / "demo.csv")))
+    for name in ("demo", "demo_smol"):   # `make demo` and `tg demo --preset smol` (tg.experiments.demo.outputs)
+        if (base / "results" / f"{name}.csv").exists():
+            readme.append((name, demo_table(base / "results" / f"{name}.csv")))
     return {base / "README.md": readme, base / "results" / "mini" / "README.md": [("report", full_report(root))]}
 
 
