@@ -161,6 +161,8 @@ def run_demo(cfg: Config, root: str | Path | None = None) -> dict[str, dict]:
         summaries[name] = _summary(result, history, seconds)
         rows.append({**result_row(result, run_cfg, method=method_name(run_cfg), model=cfg.model.name_or_path,
                                   seed=cfg.optim.seed, step=run_cfg.optim.steps), **_row_extras(summaries[name])})
+    for row in rows:   # the code that ran is the commit the demo started at, whatever was committed meanwhile
+        row["git_sha"] = rows[0]["git_sha"]
     append_csv_rows(out.rows, rows)
     print("\n" + _table(summaries))
     print(f"\ntraining and evaluating both: {(time.perf_counter() - t0) / 60:.1f} minutes")
