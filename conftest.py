@@ -8,10 +8,11 @@ import os
 
 os.environ.setdefault("TG_SOLUTIONS", "1")
 
-LONGEST_FIRST = ("tests/test_learning.py", "notebooks/05_training_chain_vs_tree.ipynb", "tests/test_warmup.py",
+LONGEST_FIRST = ("tests/test_smol.py", "tests/test_learning.py", "notebooks/05_training_chain_vs_tree.ipynb", "tests/test_warmup.py",
                  "tests/test_distributed.py", "notebooks/04_budget_tradeoffs.ipynb",
                  "notebooks/03_tree_advantages.ipynb")
-"""The files that take longest in `make test` (220, 116, 101, ~80, 28 and 24 s on 2 cores), handed to the two
+"""The files that take longest in `make test` (SmolLM2's training and token checks, then 220, 116, 101, ~80, 28 and 24 s
+on 2 cores), handed to the two
 workers first (with `--no-loadscope-reorder`), so that neither finishes a long file alone at the end."""
 
 

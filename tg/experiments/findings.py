@@ -20,8 +20,7 @@ import pandas as pd
 
 from tg.experiments import confirm
 from tg.experiments.confirm_report import load
-from tg.experiments.measure import outcome_vector
-from tg.experiments.mini import mini_dir
+from tg.experiments.grid_files import mini_dir, outcome_vector
 from tg.experiments.summary import load_rows, load_steps
 from tg.experiments.verdict import t_critical
 
