@@ -165,7 +165,8 @@ def _smol() -> dict[str, Any]:
     """The paper recipe's code path on a laptop CPU: SmolLM2-135M-Instruct (a pretrained Llama-class instruct model,
     tg.agent.smol) with its BPE tokenizer and ChatML template, the paper's prompt, LoRA, the HF engine, in the
     synthetic world. A short LoRA warm-up teaches it the protocol first (its zero-shot trajectories are never
-    well-formed). Sizes are the cpu preset's cut to what a 135M model's step costs on 2 cores (docs/gpu.md#the-smol-preset)."""
+    well-formed). Sizes are the cpu preset's cut to what a 135M model's step costs on 2 cores
+    (docs/gpu.md#the-smol-preset)."""
     return dict(
         model=ModelConfig(name_or_path=SMOL_NAME, finetune="lora", lora_r=16, lora_alpha=32),
         warmup=WarmupConfig(n_demos=240, multi_hop_share=0.6, early_stop_share=0.3, steps=60, batch_size=4, lr=1e-3,
