@@ -118,9 +118,9 @@ def smol_base(cache_dir: str | Path) -> Path:
     from tg.agent.world import resolve
     target = resolve(cache_dir) / f"{SMOL_NAME}-{GGUF_SHA256[:12]}"
     weights = target / "model.safetensors"
-    if not weights.is_file() or sha256_of(weights) != BASE_SHA256:
-        convert(target)
-    got = sha256_of(weights)
+    got = sha256_of(weights) if weights.is_file() else "no file"
+    if got != BASE_SHA256:
+        got = convert(target)["sha256"]
     if got != BASE_SHA256:
         raise SmolError(f"{weights}: sha256 {got[:12]} after conversion, expected {BASE_SHA256[:12]}: the gguf or "
                         f"transformers version dequantizes differently; install the pinned ones ({INSTALL})")
@@ -236,9 +236,9 @@ def smol_start(cfg: "Config") -> Path:
     merged = resolve(cfg.cache_dir) / f"{name}-merged"
     want = PINNED[name][1] if name in PINNED else None
     weights = merged / "model.safetensors"
-    if not weights.is_file() or (want is not None and sha256_of(weights) != want):
-        merge_adapter(smol_base(cfg.cache_dir), adapter, merged)
-    got = sha256_of(weights)
+    got = sha256_of(weights) if weights.is_file() else "no file"
+    if got == "no file" or (want is not None and got != want):
+        got = merge_adapter(smol_base(cfg.cache_dir), adapter, merged)["sha256"]
     if want is not None and got != want:
         raise PolicyError(f"{weights}: sha256 {got[:12]} after merging, expected {want[:12]}: the merge is summed in "
                           "float64 to give the same bytes on every CPU; install the pinned torch and transformers")
