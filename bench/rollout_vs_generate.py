@@ -5,7 +5,8 @@ their parents' caches and keeps its bookkeeping. This bench times, interleaved a
 rollout of `--questions` training questions at the preset's tree shape (or chains with `--chain`) and (b)
 `model.generate` with as many rows as that rollout has trajectories, each forced to the rollout's mean policy
 tokens per trajectory, from the same prompts, at the same temperature and top-p. Policy tokens per second of
-(a) over (b) is the ratio the kit's rollout keeps of plain decoding.
+(a) over (b) is the ratio the kit's rollout keeps of plain decoding. The rollout's time is split into its forwards
+that prefill (the prompts once, each observation after a search: work `generate` never does) and the rest.
 
     .venv/bin/python bench/rollout_vs_generate.py [--questions 8] [--reps 3] [--threads 2] [--write bench/README.md]
 """
@@ -16,13 +17,35 @@ import argparse
 import statistics
 import tempfile
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 from _blocks import publish
 
 from tg.budget import Ledger
 from tg.config import load_config
+from tg.engines.engine import HFBatch
 from tg.pipeline import build_run
+
+
+@contextmanager
+def prefill_clock(spent: list[float]) -> Iterator[None]:
+    """Add to spent[0] the seconds of every engine forward that feeds some row more than one token."""
+    forward = HFBatch._forward
+
+    def timed(self, blocks, rows):
+        t0 = time.perf_counter()
+        out = forward(self, blocks, rows)
+        if max(map(len, blocks)) > 1:
+            spent[0] += time.perf_counter() - t0
+        return out
+
+    HFBatch._forward = timed
+    try:
+        yield
+    finally:
+        HFBatch._forward = forward
 
 
 def main() -> None:
@@ -36,8 +59,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     lines = [f"`bench/rollout_vs_generate.py --questions {args.questions} --reps {args.reps} --threads "
              f"{args.threads}`: medians of {args.reps} repetitions, interleaved; the {args.preset} preset's start.", "",
-             "| rollout | trajectories | policy tokens | rollout s | rollout tok/s | generate s | generate tok/s | "
-             "rollout / generate |", "|---" * 8 + "|"]
+             "| rollout | trajectories | policy tokens | rollout s | of it prefill s | rollout tok/s | generate s | "
+             "generate tok/s | rollout / generate | without prefill |", "|---" * 10 + "|"]
     for shape in (dict(M=4, N=0, L=0), dict(M=2, N=2, L=1)):
         cfg = load_config(args.preset).replace(tree=shape, optim=dict(prompts_per_step=args.questions,
                                                                       mini_batch_prompts=args.questions))
@@ -46,9 +69,12 @@ def main() -> None:
         times: dict[str, list[float]] = {"rollout": [], "generate": []}
         tokens = rows = 0
         for rep in range(args.reps):
+            spent = [0.0]
             t0 = time.perf_counter()
-            trees, leds = tr.rollout(questions, rep)
+            with prefill_clock(spent):
+                trees, leds = tr.rollout(questions, rep)
             times["rollout"].append(time.perf_counter() - t0)
+            times.setdefault("prefill", []).append(spent[0])
             led = Ledger.total(leds)
             tokens, rows = led.generated, led.trajectories
             per_row = max(1, round(tokens / rows))
@@ -68,8 +94,9 @@ def main() -> None:
         med = {k: statistics.median(v) for k, v in times.items()}
         r_tps, g_tps = med["rollout_tokens"] / med["rollout"], med["generate_tokens"] / med["generate"]
         name = "chain G=4" if shape["N"] == 0 else "tree (2,2,1)"
-        lines.append(f"| {name} | {rows} | {tokens} | {med['rollout']:.1f} | {r_tps:.0f} | {med['generate']:.1f} | "
-                     f"{g_tps:.0f} | {r_tps / g_tps:.2f}x |")
+        d_tps = med["rollout_tokens"] / (med["rollout"] - med["prefill"])
+        lines.append(f"| {name} | {rows} | {tokens} | {med['rollout']:.1f} | {med['prefill']:.1f} | {r_tps:.0f} | "
+                     f"{med['generate']:.1f} | {g_tps:.0f} | {r_tps / g_tps:.2f}x | {d_tps / g_tps:.2f}x |")
         print(lines[-1], flush=True)
     publish(lines, args.write, "rollout_vs_generate")
 

@@ -9,7 +9,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import DynamicCache, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from tg.agent.protocol import STOP_STRINGS
-from tg.engines.engine import HFEngine, Sampling, StopChecker
+from tg.engines.engine import HFEngine, Sampling, StopChecker, NUCLEUS_CANDIDATES, sample_next
 from tg.engines.kvcache import GrowingCache, PrefixStore, grouped_attention
 
 
@@ -210,3 +210,24 @@ def test_greedy_is_deterministic_and_caps_length(model, tokenizer):
     engine = HFEngine(model, tokenizer)
     a = engine.open([list(range(5, 25))], [2], Sampling(temperature=0)).generate([0, 1], [7, 3])
     assert a[0].ids[:3] == a[1].ids and len(a[1].ids) == 3 and a[1].finish == "length"
+
+
+def _full_sort_nucleus(logits, sampling, generator):
+    """Top-p by a full sort of the vocabulary: the definition `sample_next` must keep."""
+    probs = torch.softmax(logits / sampling.temperature, dim=-1)
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    keep = sorted_p.cumsum(-1) - sorted_p < sampling.top_p
+    probs = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@pytest.mark.parametrize("scale", [8.0, 0.01])  # a peaked distribution (nucleus among the candidates), a flat one
+def test_top_p_from_the_top_candidates_samples_what_a_full_sort_samples(scale):
+    logits = torch.randn(6, 49152, generator=torch.Generator().manual_seed(1)) * scale
+    sampling = Sampling(temperature=1.0, top_p=0.95, seed=0)
+    held = torch.softmax(logits, -1).topk(NUCLEUS_CANDIDATES, -1).values.sum(-1)
+    assert bool((held > 0.95).all()) == (scale > 1)  # each case takes the path it is named for
+    for seed in range(20):
+        got = sample_next(logits, sampling, torch.Generator().manual_seed(seed))
+        want = _full_sort_nucleus(logits, sampling, torch.Generator().manual_seed(seed))
+        assert got.tolist() == want.tolist(), seed

@@ -121,6 +121,10 @@ class StopChecker:
         return "stop" if any(s in tail for s in self.stop_strings) else None
 
 
+NUCLEUS_CANDIDATES = 256
+"""Top-p sorts this many most likely tokens first; a row whose candidates hold less than top_p sorts them all."""
+
+
 def sample_next(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator) -> torch.Tensor:
     """Sample one token per row from logits [B, V] (greedy when temperature is 0); returns [B]."""
     if not torch.isfinite(logits).all():
@@ -129,10 +133,13 @@ def sample_next(logits: torch.Tensor, sampling: Sampling, generator: torch.Gener
         return logits.argmax(-1)
     probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
     if sampling.top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
+        # The nucleus is the head of the descending order: sort only the top candidates (a full sort of a
+        # 49k vocabulary per row per token is most of a step's sampling time), all of them if they hold < top_p.
+        sorted_p, order = probs.topk(min(NUCLEUS_CANDIDATES, probs.shape[-1]), dim=-1)
+        if (sorted_p.sum(-1) < sampling.top_p).any():
+            sorted_p, order = probs.sort(dim=-1, descending=True)
         keep = sorted_p.cumsum(-1) - sorted_p < sampling.top_p  # always keeps the top token
-        sorted_p = sorted_p * keep
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
@@ -275,17 +282,20 @@ class HFBatch:
         mask[at] = 1
         posn = torch.tensor(self.pos, dtype=torch.long)[:, None] + torch.arange(width)  # padding: any position
         attn = torch.cat([self.attn, mask.to(self.device)], dim=1)
+        last = [len(b) - 1 for b in blocks]
+        keep = sorted(set(last))  # the head runs only at the columns some row samples from, not at every prefill token
         with grouped_attention(self.model):
             out = self.model(input_ids=ids.to(self.device), attention_mask=attn, position_ids=posn.to(self.device),
-                             past_key_values=self.cache, use_cache=True)
+                             past_key_values=self.cache, use_cache=True,
+                             logits_to_keep=torch.tensor(keep, device=self.device))
         first_col = self.attn.shape[1]
         self.attn = attn
         for b, r in zip(blocks, rows):
             self.pos[r] += len(b)
             self.cached[r].extend(b)
             self.cols[r].extend(range(first_col, first_col + len(b)))
-        last = torch.tensor([len(b) - 1 for b in blocks], device=self.device)
-        return out.logits[torch.tensor(rows, device=self.device), last].float()
+        at_col = torch.tensor([keep.index(j) for j in last], device=self.device)
+        return out.logits[torch.tensor(rows, device=self.device), at_col].float()
 
     # ---- the EngineBatch API -----------------------------------------------------------------------
     @torch.no_grad()
