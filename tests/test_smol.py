@@ -5,6 +5,7 @@ Token exactness is the point: a trajectory's ids are the ids the policy sampled 
 never decoded and re-encoded, so the log-probs recomputed for training equal those returned at sampling."""
 
 import random
+import shutil
 
 import pytest
 import torch
@@ -133,10 +134,11 @@ def _adapter(trainer) -> dict[str, torch.Tensor]:
 @pytest.mark.slow
 @pytest.mark.parametrize("shape", [dict(M=2, N=2, L=1), dict(M=4, N=0, L=0)], ids=["tree", "chain"])
 def test_two_lora_steps_move_the_weights_and_a_resume_continues_exactly(smol_cfg, tmp_path, shape):
-    """`tg train --preset smol --steps 2` as the library runs it: the LoRA weights move, and one step, a checkpoint,
-    then a resumed second step give the weights and metrics of two straight steps, to the last bit. One question's
-    leaves often share one reward (advantage 0 everywhere); an entropy bonus keeps the gradient nonzero whatever
-    the rewards, so that the weights move does not hang on sampling luck."""
+    """`tg train --preset smol --steps 2` as the library runs it: the LoRA weights move, and a resume from the step-1
+    checkpoint gives the weights and metrics of two straight steps, to the last bit. The resumed run is the straight
+    one's directory as an interrupted step-2 save leaves it (checkpoint.pt gone, step 1's checkpoint.prev.pt kept).
+    One question's leaves often share one reward (advantage 0 everywhere); an entropy bonus keeps the gradient
+    nonzero whatever the rewards, so that the weights move does not hang on sampling luck."""
     cfg = smol_cfg.replace(tree=shape, optim=dict(entropy_coef=0.01))
     straight = build_run(cfg, tmp_path / "straight").trainer
     start = _adapter(straight)
@@ -146,7 +148,9 @@ def test_two_lora_steps_move_the_weights_and_a_resume_continues_exactly(smol_cfg
     assert any(not torch.equal(start[k], moved[k]) for k in start)
     assert [r["step"] for r in rows] == [1, 2] and all(r["entropy"] > 0 for r in rows)
 
-    build_run(cfg, tmp_path / "resumed").trainer.fit(steps=1, progress=False)   # as a run killed after step 1 left it
+    shutil.copytree(tmp_path / "straight", tmp_path / "resumed")
+    (tmp_path / "resumed" / "checkpoint.pt").unlink()
+    assert torch.load(tmp_path / "resumed" / "checkpoint.prev.pt", weights_only=False)["step"] == 1
     resumed = build_run(cfg, tmp_path / "resumed").trainer
     resumed_rows = resumed.fit(resume=True, progress=False)
     timers = ("rollout_s", "logprob_s", "update_s")
