@@ -11,7 +11,7 @@ KERNEL_WITHOUT_WIDGETS = """
 import sys, types, warnings
 sys.modules["ipykernel.zmqshell"] = types.ModuleType("ipykernel.zmqshell")
 sys.modules["ipywidgets"] = None
-import IPython
+import IPython  # tqdm.autonotebook asks sys.modules["IPython"] for the shell
 warnings.simplefilter("always")
 with warnings.catch_warnings(record=True) as caught:
     import tg.evaluate, tg.trainer
