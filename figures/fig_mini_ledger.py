@@ -5,7 +5,8 @@ seed) from the warmed-up policy, counted by the budget ledger. Panels against th
 budget M (1 + L N / 2): trajectories per question, generated tokens per trajectory, searches per
 trajectory; chains are circles, trees squares (one marker per Table 3 shape), filled for the moderate
 start and hollow for the hard one; mean ± standard error over seeds. The fourth panel holds the legend and the paper's
-statement for (2,2,1) vs 4 chains (1.5x the trajectories, docs/paper.md#budget), as text, labelled. Writes figures/fig_mini_ledger.png.
+statement for (2,2,1) vs 4 chains (1.5x the trajectories, docs/paper.md#budget), as text, labelled.
+Writes figures/fig_mini_ledger.png.
 """
 
 from __future__ import annotations
