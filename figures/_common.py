@@ -6,8 +6,10 @@ Results are data, figures are code. A figure script reads only CSVs:
 - `results/*.csv`, `results/mini/*.csv`: rows that `tg` measured, labelled `tg (<preset>)` (their dates and
   git shas stay in the rows, not in the titles).
 
-Readable at notebook width: text no smaller than the tick labels (`matplotlib.rcParams` below), and one
-error-bar convention, `ERROR_BARS`: the standard error of the mean over seeds.
+Readable at notebook width: text no smaller than the tick labels (`matplotlib.rcParams` below), figures
+narrow enough that 10-point ticks at `DPI` render at 9 px or more when shown 940 px wide (at most about 14.5
+inches: two rows rather than three or four panels in one), and one error-bar convention, `ERROR_BARS`: the
+standard error of the mean over seeds.
 
 EM and F1 are percentages (x100) everywhere, as printed in the paper and as `tg.evaluate.result_row`
 writes them. This module imports matplotlib, pandas and numpy only (never torch), so
@@ -34,6 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 """The repository root: scripts read `<root>/results/` and write `<root>/figures/`."""
 
 PAPER = "paper (arXiv 2509.21240)"
+DPI = 120
+"""Every PNG here is saved at this resolution (`save`)."""
 ERROR_BARS = "error bars: ± 1 standard error of the mean over seeds"
 """The one error-bar convention of every figure over seeds, written on each such figure."""
 CHAIN_COLOR, TREE_COLOR = "tab:blue", "tab:orange"
@@ -91,14 +95,17 @@ def by_start(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     return [(r, df[regime == r]) for r in order]
 
 
-def paper_beside_starts(ours: pd.DataFrame | None
-                        ) -> tuple[plt.Figure, plt.Axes, list[tuple[plt.Axes, str, pd.DataFrame | None]]]:
-    """A figure of one row of 5.5 x 4.2 inch panels: the paper's panel on the left, then one tg panel per starting
-    regime (`by_start`), or one panel for 'not run yet' when `ours` is None. Returns (figure, left axes,
+def paper_above_starts(ours: pd.DataFrame | None
+                       ) -> tuple[plt.Figure, plt.Axes, list[tuple[plt.Axes, str, pd.DataFrame | None]]]:
+    """A figure of two rows of 4.2 inch high panels, 5.5 inches wide per start: the paper's panel across the
+    top, one tg panel per starting regime (`by_start`) below, or one panel for 'not run yet' when `ours` is
+    None. Two starts make it 11 inches wide, readable at a notebook's width. Returns (figure, top axes,
     [(axes, regime, rows)]), rows None for the empty panel."""
     starts = by_start(ours) if ours is not None else [("", None)]
-    fig, (left, *right) = plt.subplots(1, 1 + len(starts), figsize=(5.5 * (1 + len(starts)), 4.2))
-    return fig, left, [(ax, regime, rows) for ax, (regime, rows) in zip(right, starts)]
+    fig = plt.figure(figsize=(5.5 * max(2, len(starts)), 8.8))
+    grid = fig.add_gridspec(2, len(starts))
+    top = fig.add_subplot(grid[0, :])
+    return fig, top, [(fig.add_subplot(grid[1, k]), regime, rows) for k, (regime, rows) in enumerate(starts)]
 
 
 def start_title(regime: str) -> str:
@@ -178,7 +185,7 @@ def save(fig: plt.Figure, root: Path, name: str) -> Path:
     """Write `<root>/figures/<name>` and close the figure."""
     path = root / "figures" / name
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
     plt.close(fig)
     return path
 

@@ -50,7 +50,7 @@ def differences(ax, rows: pd.DataFrame) -> None:
     ax.set_xlabel("seed", fontsize=FONT)
     ax.set_ylabel("tree − chain, multi-hop EM points (step 60)", fontsize=FONT)
     low, high = min(0.0, d.min(), d.mean() - _ci(d)), max(confirm.DELTA, d.max(), d.mean() + _ci(d))
-    ax.set_ylim(low - 0.05 * (high - low), high + 0.5 * (high - low))  # the top band holds the legend, above every point
+    ax.set_ylim(low - 0.05 * (high - low), high + 0.8 * (high - low))  # a top band for the legend
     ax.legend(fontsize=FONT - 1, loc="upper left")
     ax.grid(alpha=0.3)
 

@@ -1,6 +1,6 @@
 """Claim 3 of the miniature: chain vs tree trained at budgets ≈2, 4, 8, 16 from each start (Table 3).
 
-Left: the paper's multi-hop rows of Table 3 (results/paper/table3_budget_em.csv, Qwen2.5-3b). Right: the
+Top: the paper's multi-hop rows of Table 3 (results/paper/table3_budget_em.csv, Qwen2.5-3b). Below: the
 tg miniature (results/mini/sweep.csv, `tg mini run sweep`: chain G against tree (G/2, 2, 1), multi-hop,
 one panel per starting regime, hard first), multi-hop EM at each seed's last step, mean ± standard error over seeds;
 a "not run yet" note until the file exists, and at each of the paper's budgets a regime has no rows for.
@@ -49,13 +49,13 @@ def _not_run(ax, df: pd.DataFrame, budgets: list[float]) -> None:
 
 def draw(root: Path):
     paper, ours = load(root)
-    fig, left, right = c.paper_beside_starts(ours)
-    panel(left, paper)
-    _quarter(left, paper)
-    left.set_title(f"{c.PAPER}, Qwen2.5-3b: multi-hop avg")
-    left.set_ylabel("EM (x100)")
-    left.legend(loc="lower right")
-    for ax, regime, df in right:
+    fig, top, below = c.paper_above_starts(ours)
+    panel(top, paper)
+    _quarter(top, paper)
+    top.set_title(f"{c.PAPER}, Qwen2.5-3b: multi-hop avg")
+    top.set_ylabel("EM (x100)")
+    top.legend(loc="lower right")
+    for ax, regime, df in below:
         if df is None:
             c.note(ax, "tg miniature: not run yet\n(`tg mini run sweep`; see results/mini/README.md)")
             continue
@@ -65,10 +65,11 @@ def draw(root: Path):
         _quarter(ax, df)
         ax.set_title(f"{ours['label'].iloc[0]} miniature,{c.start_title(regime)}:\nmulti-hop EM, mean over "
                      f"{c.seed_count(df['count'])} seeds")
+        ax.set_ylabel("EM (x100)")
         ax.legend(loc="lower right")
     for ax in fig.axes:
         ax.set_xlabel("budget (chain-equivalent trajectories per prompt)")
-    fig.suptitle("Table 3 with training at each budget (left: paper; right: tg, a different model and world)\n"
+    fig.suptitle("Table 3 with training at each budget (top: paper; below: tg, a different model and world)\n"
                  f"shaded: {c.ERROR_BARS.removeprefix('error bars: ')}")
     fig.tight_layout()
     return fig

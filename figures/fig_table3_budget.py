@@ -84,7 +84,7 @@ def panel(ax, df: pd.DataFrame, budgets: list[float] | None = None) -> None:
     ax.set_xlim(budgets[0] / 1.6, budgets[-1] * 1.6)
     ax.set_xticks(budgets, [f"≈{b:g}" for b in budgets])
     ax.minorticks_off()
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.08)   # headroom: no marker or error bar cut by the top edge
     ax.grid(alpha=0.3)
 
 

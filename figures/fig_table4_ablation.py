@@ -1,8 +1,8 @@
 """Table 4 of arXiv 2509.21240: which advantage (intra-tree, inter-tree, both) at budgets of about 4 and 8.
 
-Left: the paper (results/paper/table4_advantage_ablation_em.csv, Qwen2.5-3b, multi-hop avg EM);
-the run that collapsed (intra only with 3 leaves per tree) is a zero bar marked "collapse". Right:
-the tg miniature (results/mini/ablation.csv: budget, advantage or method, M, N, L, seed, em_multi,
+Top: the paper (results/paper/table4_advantage_ablation_em.csv, Qwen2.5-3b, multi-hop avg EM);
+the run that collapsed (intra only with 3 leaves per tree) is a zero bar marked "collapse". Below, one panel
+per start: the tg miniature (results/mini/ablation.csv: budget, advantage or method, M, N, L, seed, em_multi,
 optionally `collapsed`), mean ± standard error over the seeds that did not
 collapse; a cell without rows is marked
 "not run yet".
@@ -94,22 +94,23 @@ def _mark(ax, x: float, r: pd.Series) -> None:
 
 def draw(root: Path):
     paper, ours = load(root)
-    fig, left, right = c.paper_beside_starts(ours)
-    panel(left, paper)
-    left.set_title(f"{c.PAPER}, Qwen2.5-3b: multi-hop avg")
-    left.set_ylabel("EM (x100)")
-    left.set_ylim(0, paper["mean"].max() * 1.15)
-    for ax, regime, df in right:
+    fig, top, below = c.paper_above_starts(ours)
+    panel(top, paper)
+    top.set_title(f"{c.PAPER}, Qwen2.5-3b: multi-hop avg")
+    top.set_ylabel("EM (x100)")
+    top.set_ylim(0, paper["mean"].max() * 1.15)
+    for ax, regime, df in below:
         if df is None:
             c.note(ax, "tg miniature: not run yet\n(see results/mini/README.md)")
             continue
         panel(ax, df)
         ax.set_title(f"{ours['label'].iloc[0]} miniature,{c.start_title(regime)}:\nmulti-hop EM, mean over "
                      f"{c.seed_count(df['count'] + df['collapsed'])} seeds")
-    fig.suptitle("Table 4: advantage ablation (left: paper; right: tg, a different model and world); "
+        ax.set_ylabel("EM (x100)")
+    fig.suptitle("Table 4: advantage ablation (top: paper; below: tg, a different model and world)\n"
                  + c.ERROR_BARS)
-    handles, labels = left.get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncols=4, bbox_to_anchor=(0.5, -0.06))
+    handles, labels = top.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncols=4, bbox_to_anchor=(0.5, -0.03))
     fig.tight_layout()
     return fig
 

@@ -20,6 +20,7 @@ with sits in six subpackages.
                     groups, every field documented; config_values.py: parsing
     evaluate.py     greedy single-chain evaluation, EM / F1 per data source, Table-1-shaped result rows
     pipeline.py     from a config to a trained, evaluated run: the API the CLI, experiments and notebooks share
+    progress.py     the one progress bar (tqdm): the notebook widget where ipywidgets is installed, else text
     cli.py          `tg ...`: argument parsing; commands.py: what each command does; __main__.py: `python -m tg`
 
     agent/          the agent and its world
@@ -82,3 +83,5 @@ Glossary (paper symbol -> config field -> argument):
     max tool calls                            agent.max_turns
     top-k documents                           data.top_k
 """
+
+from tg import progress  # noqa: E402,F401  before any library imports tqdm.auto: no stderr warning in a kernel

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from tg.agent.data import Question
 from tg.agent.env import Environment
 from tg.config import Config
 from tg.engines.engine import Engine, Sampling
+from tg.progress import tqdm
 from tg.reward import answer_score
 from tg.store.files import provenance
 from tg.tree import sample_trees

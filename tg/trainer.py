@@ -38,7 +38,6 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from tg.agent.contract import CheckedEnv
 from tg.agent.data import Question
@@ -55,6 +54,7 @@ from tg.loss import entropy, grpo_loss, logprobs_at
 from tg.memory import keep_freed_memory
 from tg.metrics import step_metrics
 from tg.packing import packed_logits
+from tg.progress import tqdm
 from tg.store.files import atomic_write_text
 from tg.store.rundir import check_trained_as, has_checkpoint, read_checkpoint, run_lock, write_checkpoint
 from tg.tree import RolloutStats, Tree, sample_trees

@@ -259,7 +259,7 @@ def prepare(setting: str, out_dir: str | Path, source: str = HUB_SOURCE, cache_d
     cache_dir: the `datasets` cache (default: the HF default). progress: show a tqdm bar.
     Returns {'train': path, 'test': path}.
     """
-    from tqdm.auto import tqdm
+    from tg.progress import tqdm
 
     if setting not in SETTINGS:
         raise DataError(f"setting must be one of {sorted(SETTINGS)}, got {setting!r}")

@@ -43,12 +43,12 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
-from tqdm.auto import tqdm
 
 from tg.agent.protocol import Step, Trajectory, build_prompt, format_observation, parse_action, prompt_ids, user_turn_ids
 from tg.agent.retrieval import Retriever
 from tg.agent.world import MULTI, RELATIONS, SINGLE, World
 from tg.config import WarmupConfig
+from tg.progress import tqdm
 
 LR_WARMUP_SHARE = 0.05
 """Linear LR warm-up over this share of the steps."""

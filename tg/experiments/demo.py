@@ -112,7 +112,7 @@ def _train_pair(cfg: Config, jobs: list[tuple[str, Config, Path]]) -> dict[str, 
     import os
 
     import torch
-    from tqdm.auto import tqdm
+    from tg.progress import tqdm
     workers = 2 if (os.cpu_count() or 1) >= 2 else 1
     out: dict[str, tuple] = {}
     with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool, \

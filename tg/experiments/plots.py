@@ -66,7 +66,7 @@ def draw_tree(tree: Tree, advantages: Mapping[int, float] | Sequence[float] | No
         ax.text(x, y, node_label(tree, node.id, width=14), ha="center", va="center", fontsize=TEXT_SIZE, zorder=3,
                 bbox=dict(boxstyle="round,pad=0.3", fc=color, **frame))
         if notes and node.id in notes:
-            ax.text(x, y + 0.22, notes[node.id], ha="center", va="bottom", fontsize=TEXT_SIZE - 1, color="0.25",
+            ax.text(x, y + 0.22, notes[node.id], ha="center", va="bottom", fontsize=TEXT_SIZE, color="0.25",
                     zorder=2, bbox=on_white)
         if advantages is not None and node.id > 0:
             ax.text(x, y - 0.24, f"A={advantages[node.id]:+.2f}", ha="center", va="top", fontsize=TEXT_SIZE,

@@ -132,7 +132,7 @@ def _stage_cells(name: str, cells: list[Cell], path: Path) -> list[Cell]:
 def _run_jobs(name: str, jobs: list[Job], cells: list[Cell], root: Path, path: Path, workers: int) -> int:
     """Do `jobs` in `workers` processes (inline with one), writing each row to `path` as it arrives; returns the
     number of failed jobs."""
-    from tqdm.auto import tqdm
+    from tg.progress import tqdm
 
     from tg.pipeline import load_resources
     for overrides in dict.fromkeys(c.overrides for c in cells if c.kind != "theory"):
