@@ -15,11 +15,14 @@ embeddings), a 49,152-token byte-level BPE vocabulary in which every protocol ta
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
+import io
 import json
 import random
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -86,22 +89,29 @@ def convert(target: Path) -> dict:
         raise SmolError(f"the gguf package is not installed (transformers needs it to read {GGUF_FILE}): {INSTALL}")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from tg.progress import tqdm
     src = checked_gguf()
     t0 = time.perf_counter()
-    tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
-    loaded = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
-    # A GGUF-loaded model refuses save_pretrained ("quantized with GGUF"); its weights are plain float32
-    # tensors by now, so a fresh model of the same config without the quantization entry takes them.
-    config = loaded.config
-    del config.quantization_config
-    config._name_or_path = SMOL_NAME
-    model = type(loaded)(config)
-    model.load_state_dict(loaded.state_dict())
-    model.generation_config.eos_token_id = [tokenizer.eos_token_id]
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
     tmp = target.with_name(f"{target.name}.tmp-{random.randrange(1 << 30)}")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
+    # One line on stdout instead of transformers' own bars on stderr (a lesson's output stays free of stderr).
+    with tqdm(total=3, desc=f"dequantizing {GGUF_FILE} once", file=sys.stdout) as bar, \
+            contextlib.redirect_stderr(io.StringIO()):
+        tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+        bar.update()
+        loaded = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
+        bar.update()
+        # A GGUF-loaded model refuses save_pretrained ("quantized with GGUF"); its weights are plain float32
+        # tensors by now, so a fresh model of the same config without the quantization entry takes them.
+        config = loaded.config
+        del config.quantization_config
+        config._name_or_path = SMOL_NAME
+        model = type(loaded)(config)
+        model.load_state_dict(loaded.state_dict())
+        model.generation_config.eos_token_id = [tokenizer.eos_token_id]
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        bar.update()
     weights = tmp / "model.safetensors"
     record = {"gguf": str(src), "gguf_sha256": GGUF_SHA256, "sha256": sha256_of(weights), "seconds": time.perf_counter() - t0,
               "parameters": sum(p.numel() for p in model.parameters()), "bytes": weights.stat().st_size}
