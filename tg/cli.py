@@ -83,8 +83,8 @@ def method_config(cfg: Config, method: str, M: int | None = None, N: int | None 
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default=None, help="cpu (default) or paper-{1.5b,3b,llama-3b,7b,14b}-{single,multi}-hop; "
-                                                  "else $TG_PRESET")
+    p.add_argument("--preset", default=None, help="cpu (default), smol (SmolLM2-135M on CPU) or "
+                                                  "paper-{1.5b,3b,llama-3b,7b,14b}-{single,multi}-hop; else $TG_PRESET")
     p.add_argument("--set", action="append", default=[], metavar="GROUP.FIELD=VALUE", help="override a field")
     p.add_argument("--schedule", choices=("paper", "quick"), default=None,
                    help="paper: 180 steps x 512 prompts; quick: 60 x 64 (tg.config.SCHEDULES); default: the preset's")
