@@ -2,15 +2,17 @@
 
 In .venv (no verl) the whole file skips. What runs here on CPU: the estimator through verl's registry and verl's
 own `compute_advantage` dispatch; the tree index; `grow_tree`; `TreeAgentLoop.run` on a scripted rollout server
-with the kit's tokenizer and calculator; verl's own agent-loop worker (`_run_prompt`), replay buffer, padding and
-trainer `_compute_advantage` on an in-memory stand-in for TransferQueue, through a failed tree and padding rows.
-docs/verl.md's launch commands: tests/test_verl_launch.py. verl's Ray cluster, rollout servers and trainer loop
-need GPUs and do not run here.
+with the kit's tokenizer and calculator; on a local Ray started with the documented setup hook, TransferQueue
+itself (verl's trainer config, `tq.init`) under verl's own agent-loop worker (`_run_prompt`), replay buffer,
+padding and trainer `_compute_advantage`, through a failed tree and padding rows, and the hook's registrations in
+a fresh Ray process. docs/verl.md's launch commands: tests/test_verl_launch.py. verl's rollout servers, its
+Ray actors for training and its trainer loop need GPUs and do not run here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import pathlib
 import random
 
 import numpy as np
@@ -237,50 +239,48 @@ def test_doctor_reports_verl():
     assert installed_versions()["verl"] == verl.__version__ == "0.9.1"
 
 
-class MemoryTQ:
-    """TransferQueue's key-value calls that verl's worker, padding and trainer make, on a dict (no Ray): key ->
-    fields, key -> tag, per partition; a get returns a TensorDict, as TransferQueue's does."""
+@pytest.fixture(scope="module")
+def ray_tq():
+    """TransferQueue itself on a local Ray, started as verl's `main_ppo` starts them: Ray with the documented
+    `worker_process_setup_hook` (every Ray process imports tg.integrations.verl), then `tq.init` of verl's own
+    `transfer_queue` trainer config (SimpleStorage), its 8 storage units cut to 1. Each Ray process with the hook
+    imports verl and torch (about 6 s of CPU): the controller, the storage unit and one task's worker here."""
+    import ray
+    import transfer_queue as tq
+    import verl
 
-    def __init__(self):
-        self.fields, self.tags = {}, {}
+    config = OmegaConf.load(pathlib.Path(verl.__file__).parent / "trainer/config/transfer_queue/transfer_queue.yaml")
+    config.enable, config.backend.SimpleStorage.num_data_storage_units = True, 1      # as verl's TaskRunnerV1
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 2**20,
+             runtime_env={"worker_process_setup_hook": f"{V.__name__}.setup_worker"})
+    tq.init(config)
+    yield tq
+    tq.close()
+    ray.shutdown()
 
-    def kv_batch_put(self, keys, partition_id, fields=None, tags=None):
-        from transfer_queue import KVBatchMeta
 
-        rows = [{} if fields is None else {k: getattr(v, "data", v) for k, v in fields[i].items()}
-                for i in range(len(keys))]
-        for i, key in enumerate(keys):
-            self.fields.setdefault((partition_id, key), {}).update(rows[i])
-            self.tags.setdefault((partition_id, key), {}).update(tags[i] if tags else {})
-        return KVBatchMeta(keys=list(keys), tags=[self.tags[(partition_id, k)] for k in keys],
-                           partition_id=partition_id)
+@pytest.fixture
+def store(ray_tq):
+    """The TransferQueue, emptied after the test."""
+    yield ray_tq
+    for partition, keys in ray_tq.kv_list().items():
+        if keys:
+            ray_tq.kv_clear(list(keys), partition)
 
-    async def async_kv_batch_put(self, keys, partition_id, fields=None, tags=None):
-        self.kv_batch_put(keys, partition_id, fields, tags)
 
-    async def async_kv_put(self, key, partition_id, tag):
-        self.kv_batch_put([key], partition_id, tags=[tag])
+def _trajectories(store, partition: str = "train") -> list[str]:
+    """A partition's stored trajectory keys ('{uid}_{session}_0'; a prompt's own entry is its bare uid), sorted."""
+    return sorted(k for k in store.kv_list(partition).get(partition, {}) if "_" in k)
 
-    def kv_batch_get(self, keys, partition_id, select_fields=None):
-        from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
-        rows = [self.fields[(partition_id, k)] for k in keys]
-        names = [f for f in select_fields or rows[0] if all(f in r for r in rows)]    # the fields every row has
-        return list_of_dict_to_tensordict([{f: r[f] for f in names} for r in rows])
+def test_setup_hook_registers_the_tree_pieces_in_ray_processes(ray_tq):
+    """A fresh Ray process that imports only verl finds the estimator and the trainer mode: the hook ran there."""
+    import ray
+    from verl.trainer.ppo.v1 import get_trainer_cls
 
-    def kv_list(self):
-        listing = {}
-        for (partition, key), tag in self.tags.items():
-            listing.setdefault(partition, {})[key] = tag
-        return listing
-
-    def kv_clear(self, keys, partition_id):
-        for key in keys:
-            self.fields.pop((partition_id, key), None)
-            self.tags.pop((partition_id, key), None)
-
-    def trajectories(self, partition_id="train"):
-        return sorted(k for p, k in self.fields if p == partition_id and "_" in k)
+    found = [ray.get(ray.remote(num_cpus=0)(fn).remote(name), timeout=300)     # one after the other: one process
+             for fn, name in ((get_adv_estimator_fn, V.ESTIMATOR), (get_trainer_cls, V.TRAINER))]
+    assert found == [V.compute_tree_grpo_advantage, V.TreeTrainer]
 
 
 class FailingServer(ScriptedServer):
@@ -299,12 +299,9 @@ class FailingServer(ScriptedServer):
         return out
 
 
-def _worker(monkeypatch, tokenizer, server, store, response_length=128):
-    """verl's TransferQueue agent-loop worker class (ours), its state set as its __init__ would on one node."""
-    from verl.trainer.ppo.v1 import agent_loop_tq
-
-    monkeypatch.setattr(agent_loop_tq, "tq", store)
-    monkeypatch.setattr(V, "tq", store)
+def _worker(tokenizer, server, response_length=128):
+    """verl's TransferQueue agent-loop worker class (ours), its state set as its __init__ would on one node (whose
+    `tq.init()` finds the running TransferQueue: the module `transfer_queue` already holds this process's client)."""
     worker = object.__new__(V.TreeAgentLoopWorker)
     worker.config = OmegaConf.create({
         "actor_rollout_ref": {"rollout": {"name": "vllm", "n": 2, "prompt_length": 256,
@@ -326,52 +323,50 @@ def _run_prompts(worker, questions, validate=False):
     asyncio.run(run())
 
 
-def test_verl_worker_padding_and_advantage_through_a_failed_tree(monkeypatch, tokenizer):
+def test_verl_worker_padding_and_advantage_through_a_failed_tree(store, tokenizer):
     """verl's own `_run_prompt` (M = 2 trees of 3 leaves per prompt) with one tree failing, its replay buffer's
-    sampling, its padding to
-    a multiple of 12 rows and the trainer's own `_compute_advantage` (storage in, advantages out): the failed tree
-    is dropped (its prompt's other tree kept, rule 2), the padding rows get 0, every other row gets
-    `tg.advantage.tree_grpo` of the leaves stored, and `TreeTrainer`'s step counts say so."""
+    sampling, its padding to a multiple of 12 rows and the trainer's own `_compute_advantage`, all on TransferQueue
+    (rows in, advantages out): the failed tree is dropped (its prompt's other tree kept, rule 2), the padding rows
+    get 0, every other row gets `tg.advantage.tree_grpo` of the leaves stored, and `TreeTrainer`'s step counts say
+    so."""
     from verl.trainer.ppo import padding_utils
-    from verl.trainer.ppo.v1 import replay_buffer, trainer_base
+    from verl.trainer.ppo.v1 import replay_buffer
     from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
-    store = MemoryTQ()
-    for uid in ("p0", "p1"):                                     # the trainer's prompt entries, as it submits them
-        store.kv_batch_put([uid], "train", tags=[{"is_prompt": True, "status": "pending", "global_steps": 1}])
+    store.kv_batch_put(["p0", "p1"], "train",                    # the trainer's prompt entries, as it submits them
+                       tags=[{"is_prompt": True, "status": "pending", "global_steps": 1}] * 2)
     server = FailingServer(tokenizer, ["<search> 2 + 3 </search>", "<answer> 6 </answer>"], fail_on="5 + 6")
-    worker = _worker(monkeypatch, tokenizer, server, store)
+    worker = _worker(tokenizer, server)
     _run_prompts(worker, ["2 + 3 ok", "5 + 6 ok"])
-    assert len(store.trajectories()) == 9 and store.tags[("train", "p0")]["status"] == "finished"  # 12 less a tree
-    assert store.tags[("train", "p1")]["status"] == "failure"
+    tags = store.kv_list("train")["train"]
+    assert len(_trajectories(store)) == 9 and tags["p0"]["status"] == "finished"     # 12 leaves less a tree
+    assert tags["p1"]["status"] == "failure"
 
-    for module in (replay_buffer, padding_utils, trainer_base):
-        monkeypatch.setattr(module, "tq", store)
     buffer = replay_buffer.ReplayBuffer("sync", OmegaConf.create({}), max_off_policy_threshold=None,
                                         max_off_policy_strategy="drop", sampler_kwargs=OmegaConf.create({}))
     batch, _ = buffer.sample(global_steps=1, partition_id="train", batch_size=2)   # the failed prompt is kept
-    assert sorted(batch.keys) == store.trajectories()
+    assert sorted(batch.keys) == _trajectories(store)
     batch = padding_utils.upsample_batch_to_divisible_size(batch, 12, eos_token_id=0)
-    rows = store.kv_batch_get(batch.keys, "train")
-    uids = [r["uid"] for r in rows]
+    rows = store.kv_batch_get(batch.keys, "train", select_fields=["uid", "responses", "response_mask"])
+    uids = list(rows["uid"])
     assert len(uids) == 12 and sum(u.startswith("pad") for u in uids) == 3
 
     real = [i for i, u in enumerate(uids) if not u.startswith("pad")]
-    score = {i: float("<answer> 6" in tokenizer.decode(rows[i]["responses"].tolist())) for i in real}
-    scores = [torch.nn.functional.one_hot(torch.tensor(len(rows[i]["responses"]) - 1), len(rows[i]["responses"]))
-              * score[i] for i in real]                                  # the reward on the last token, as verl's
+    responses = [rows["responses"][i] for i in real]
+    scores = [torch.nn.functional.one_hot(torch.tensor(len(r) - 1), len(r)).float()
+              * float("<answer> 6" in tokenizer.decode(r.tolist())) for r in responses]   # on the last token, as verl
     store.kv_batch_put([batch.keys[i] for i in real], "train",
-                       list_of_dict_to_tensordict([{"rm_scores": x.float()} for x in scores]))
+                       list_of_dict_to_tensordict([{"rm_scores": x} for x in scores]))
 
     trainer, counts = object.__new__(V.TreeTrainer), {}
     trainer.config = OmegaConf.merge(worker.config, {"algorithm": {
         "adv_estimator": V.ESTIMATOR, "use_kl_in_reward": False, "gamma": 1.0, "lam": 1.0,
         "norm_adv_by_std_in_grpo": True}})
     trainer._compute_advantage(batch, counts)                            # verl's own, then the step's counts
-    adv = [store.fields[("train", k)]["advantages"] for k in batch.keys]
+    adv = list(store.kv_batch_get(batch.keys, "train", select_fields=["advantages"])["advantages"])
     assert all(adv[i].abs().sum() == 0 for i in range(12) if i not in real)
-    mask = torch.nn.utils.rnn.pad_sequence([rows[i]["response_mask"].float() for i in real], batch_first=True)
-    rewards = torch.nn.utils.rnn.pad_sequence([x.float() for x in scores], batch_first=True)
+    mask = torch.nn.utils.rnn.pad_sequence([rows["response_mask"][i].float() for i in real], batch_first=True)
+    rewards = torch.nn.utils.rnn.pad_sequence(scores, batch_first=True)
     expected, _ = V.compute_tree_grpo_advantage(rewards, mask, np.array([uids[i] for i in real]))
     assert all(torch.equal(adv[i], expected[j, :len(adv[i])]) for j, i in enumerate(real))
     assert expected.abs().sum() > 0
@@ -379,27 +374,27 @@ def test_verl_worker_padding_and_advantage_through_a_failed_tree(monkeypatch, to
                       "tree/failed_trees": 1.0, "tree/partial_trees": 0.0, "tree/truncated_leaves": 0.0}
 
 
-def test_validation_samples_one_chain_per_session_under_the_prompt_uid(monkeypatch, tokenizer):
-    store = MemoryTQ()
+def test_validation_samples_one_chain_per_session_under_the_prompt_uid(store, tokenizer):
     server = ScriptedServer(tokenizer, ["<search> 2 + 3 </search>", "<answer> 5 </answer>"])
-    _run_prompts(_worker(monkeypatch, tokenizer, server, store), ["2 + 3 ok", "5 + 6 ok"], validate=True)
-    keys = store.trajectories("val")
+    _run_prompts(_worker(tokenizer, server), ["2 + 3 ok", "5 + 6 ok"], validate=True)
+    keys = _trajectories(store, "val")
     assert keys == ["p0_0_0", "p1_0_0"] and len(server.calls) == 2 * 2             # val_kwargs.n = 1 chain each
-    assert [store.fields[("val", k)]["uid"] for k in keys] == ["p0", "p1"]           # verl reports per prompt
+    assert list(store.kv_batch_get(keys, "val", select_fields=["uid"])["uid"]) == ["p0", "p1"]   # per prompt
 
 
-def test_response_cap_ends_a_leaf_where_its_response_fills_it(monkeypatch, tokenizer):
+def test_response_cap_ends_a_leaf_where_its_response_fills_it(store, tokenizer):
     """rollout.response_length below the budget: every leaf's response fits it, a leaf that fills it ends
     there (its observation cut) and is flagged; with the budget, none is."""
     long_search = "<search> " + "2 + 3 " * 4 + "</search>"
-    for cap, cut in ((24, True), (V.response_budget(V.TreeGRPOOptions(env="calculator")), False)):
-        store = MemoryTQ()
+    for cap, cut, uid in ((24, True, "p0"), (V.response_budget(V.TreeGRPOOptions(env="calculator")), False, "p1")):
         server = ScriptedServer(tokenizer, [long_search, long_search, "<answer> 6 </answer>"])
-        _run_prompts(_worker(monkeypatch, tokenizer, server, store, response_length=cap), ["2 + 3 ok"])
-        rows = [store.fields[("train", k)] for k in store.trajectories()]
-        lengths = [len(r["responses"]) for r in rows]
-        flags = [r["extra_fields"]["tree_truncated"] for r in rows]
-        assert len(rows) == 6 and max(lengths) <= cap and any(flags) == cut
+        _run_prompts(_worker(tokenizer, server, response_length=cap), ["2 + 3 ok"])
+        keys = _trajectories(store)
+        rows = store.kv_batch_get(keys, "train", select_fields=["responses", "extra_fields"])
+        store.kv_clear(keys, "train")
+        lengths = [len(r) for r in rows["responses"]]
+        flags = [e["tree_truncated"] for e in rows["extra_fields"]]
+        assert len(lengths) == 6 and max(lengths) <= cap and any(flags) == cut
         assert all(f == (n == cap) for f, n in zip(flags, lengths))
         assert all(c[2]["max_tokens"] <= cap - (len(c[1]) - len(server.calls[0][1])) for c in server.calls)
 
