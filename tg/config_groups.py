@@ -15,6 +15,8 @@ NODE_RULE_NAMES = ("paper", "official", "entropy")
 
 SMOL_NAME = "smollm2-135m-instruct"
 """`model.name_or_path` of the smol preset: SmolLM2-135M-Instruct from its package (tg.agent.smol), never a hub id."""
+CPU_MODELS = ("tiny", SMOL_NAME)
+"""The models the kit gets without a hub and trains on a CPU: the tiny one it builds, SmolLM2 from its package."""
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,8 @@ MODEL_SHAPES: dict[str, ModelShape] = {
 }
 """The paper's Table 1 models (their config.json; the -Instruct variants share the shape), by lower-case hub id.
 Llama has no q/k/v biases: counting them over-estimates it by 0.01%."""
+SMOLLM2_135M = ModelShape(576, 30, 9, 3, 1536, 49152, tied_embeddings=True)
+"""SmolLM2-135M-Instruct's config.json (the smol preset's model; it has no q/k/v biases: counting them over-estimates it by 0.02%)."""
 
 
 def known_shape(name: str) -> ModelShape | None:

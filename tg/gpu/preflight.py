@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from tg.config import Config, ConfigError
-from tg.gpu.estimate import (GIB, ModelShape, known_shape, largest_fitting, memory_estimate, run_seconds, sharded,
-                         step_seconds, vllm_kv_tokens, workload)
+from tg.config_groups import CPU_MODELS, SMOL_NAME
+from tg.gpu.estimate import (GIB, SMOLLM2_135M, ModelShape, known_shape, largest_fitting, memory_estimate, run_seconds,
+                         sharded, step_seconds, vllm_kv_tokens, workload)
 
 REFERENCE_GPU_GIB = 80
 """GPU size the memory estimate is shown against when no GPU is present."""
@@ -97,13 +98,14 @@ def _cached_config(name: str) -> str | None:
 # ---- checks ---------------------------------------------------------------------------------------
 
 def check_cuda(cfg: Config, memory: int | None) -> Check:
-    tiny = cfg.model.name_or_path == "tiny"
+    name = cfg.model.name_or_path
+    cpu = name in CPU_MODELS
     if memory is not None:
         import torch
         return Check("cuda", "ok", f"{torch.cuda.get_device_name(0)}, {memory / GIB:.0f} GiB")
-    return Check("cuda", "FAIL" if not tiny else "ok", "no CUDA device" + (" (the tiny model runs on CPU)" if tiny else ""),
+    return Check("cuda", "ok" if cpu else "FAIL", "no CUDA device" + (f" (the {name} model runs on CPU)" if cpu else ""),
                  fix="run on a machine with an NVIDIA GPU and a CUDA build of torch (environment.yml); "
-                     "`tg doctor` shows the installed torch", required=not tiny)
+                     "`tg doctor` shows the installed torch", required=not cpu)
 
 
 def check_packages(cfg: Config) -> Check:
@@ -122,6 +124,13 @@ def check_model(cfg: Config) -> tuple[Check, ModelShape | None]:
         shape = ModelShape(m.hidden_size, m.num_layers, m.num_heads, m.num_kv_heads, m.intermediate_size,
                            vocab=8192, tied_embeddings=False)  # the world's tokenizer has fewer than 8,192 tokens
         return Check("model", "ok", "tiny: built locally by the warm-up"), shape
+    if m.name_or_path == SMOL_NAME:  # from its package, never the hub
+        from tg.agent.smol import INSTALL, SmolError, checked_gguf
+        try:
+            src = checked_gguf()
+        except SmolError as err:
+            return Check("model", "FAIL", str(err), INSTALL), SMOLLM2_135M
+        return Check("model", "ok", f"{SMOL_NAME}: {src.name} from its package, sha256 checked"), SMOLLM2_135M
     found = _cached_config(m.name_or_path)
     if found:
         return Check("model", "ok", f"{m.name_or_path} at {Path(found).parent}"), shape_from_config_json(found)
