@@ -33,7 +33,6 @@ STOP_STRINGS = ("</search>", "</answer>")
 """A step ends when the policy closes one of these (or at EOS / the per-step token cap)."""
 
 
-
 def cut_after_stop(text: str) -> str:
     """A step's decoded text up to the end of its first stop string (all of it without one).
 
