@@ -2,9 +2,10 @@
 
 Decoding alone is not the cost of a step: a rollout also prefills observations between turns, opens branches from
 their parents' caches and keeps its bookkeeping. This bench times, interleaved and side by side, (a) the trainer's
-rollout of `--questions` training questions at the preset's tree shape (or chains with `--chain`) and (b)
+rollout of `--questions` training questions as chains (G=4) and as trees (2,2,1), and (b)
 `model.generate` with as many rows as that rollout has trajectories, each forced to the rollout's mean policy
-tokens per trajectory, from the same prompts, at the same temperature and top-p. Policy tokens per second of
+tokens per trajectory, from the same prompts, at the same temperature and top-p, on the weights the rollout samples
+from (the engine's model after the trainer's sync: for LoRA, the adapters folded in). Policy tokens per second of
 (a) over (b) is the ratio the kit's rollout keeps of plain decoding. The rollout's time is split into its forwards
 that prefill (the prompts once, each observation after a search: work `generate` never does) and the rest.
 
@@ -65,6 +66,7 @@ def main() -> None:
         cfg = load_config(args.preset).replace(tree=shape, optim=dict(prompts_per_step=args.questions,
                                                                       mini_batch_prompts=args.questions))
         tr = build_run(cfg, tempfile.mkdtemp(prefix="tg-bench-")).trainer
+        tr.engine.sync(tr.policy.model)  # as the trainer does before its first rollout
         questions = tr.batch_questions(0)
         times: dict[str, list[float]] = {"rollout": [], "generate": []}
         tokens = rows = 0
@@ -85,7 +87,7 @@ def main() -> None:
             attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
             t0 = time.perf_counter()
             with torch.no_grad():
-                tr.policy.model.generate(input_ids=ids, attention_mask=attn, do_sample=True, temperature=1.0,
+                tr.engine.model.generate(input_ids=ids, attention_mask=attn, do_sample=True, temperature=1.0,
                                          top_p=cfg.agent.top_p, max_new_tokens=per_row, min_new_tokens=per_row,
                                          pad_token_id=tr.pad_id)
             times["generate"].append(time.perf_counter() - t0)

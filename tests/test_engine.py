@@ -1,5 +1,6 @@
 """The HF engine: prefix-KV reuse and live multi-turn caches give the logits of a full recomputation."""
 
+import copy
 import random
 from contextlib import nullcontext
 
@@ -8,6 +9,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import DynamicCache, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from tg.agent.finetune import folded_lora
 from tg.agent.protocol import STOP_STRINGS
 from tg.engines.engine import HFEngine, Sampling, StopChecker, NUCLEUS_CANDIDATES, sample_next
 from tg.engines.kvcache import GrowingCache, PrefixStore, grouped_attention
@@ -231,3 +233,30 @@ def test_top_p_from_the_top_candidates_samples_what_a_full_sort_samples(scale):
         got = sample_next(logits, sampling, torch.Generator().manual_seed(seed))
         want = _full_sort_nucleus(logits, sampling, torch.Generator().manual_seed(seed))
         assert got.tolist() == want.tolist(), seed
+
+
+def test_sync_serves_a_lora_model_folded_and_refreshes_it_in_place(model, tokenizer):
+    """A LoRA policy is sampled from a copy with W + scale * B A in its linear layers (one matmul per layer):
+    log-probs within float rounding of the trainer's peft model, refreshed in place after the adapters move
+    (bit for bit what a fresh fold gives), and the trainer's own weights untouched. A 4-bit base is not folded."""
+    from peft import LoraConfig, get_peft_model
+    peft = get_peft_model(copy.deepcopy(model), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "down_proj"]))
+    engine = HFEngine(peft, tokenizer)
+    contexts = [list(range(10, 40)), [7, 8, 9]]
+    for step in range(2):
+        with torch.no_grad():
+            for p in (p for n, p in peft.named_parameters() if "lora_B" in n):
+                p.add_(torch.randn_like(p) * 0.05)  # an optimiser step that moves the adapters
+        before = {n: p.clone() for n, p in peft.state_dict().items()}
+        engine.sync(peft)
+        folded = engine.folded
+        assert engine.model is folded and not any("lora" in n for n in folded.state_dict())
+        assert all(torch.equal(p, before[n]) for n, p in peft.state_dict().items())
+        fresh = copy.deepcopy(peft).merge_and_unload()
+        assert all(torch.equal(p, fresh.state_dict()[n]) for n, p in folded.state_dict().items())
+        outs = engine.open(contexts, [2, 1], Sampling(seed=step)).generate([0, 1, 2], [8] * 3)
+        for out, c in zip(outs, [0, 0, 1]):
+            assert out.logprobs == pytest.approx(_full_logprobs(peft.eval(), contexts[c], out.ids), abs=1e-5)
+    engine.sync(peft)
+    assert engine.folded is folded  # the same copy, refreshed in place: no second allocation per step
+    assert folded_lora(model) is None  # nothing to fold: full fine-tuning serves the model itself

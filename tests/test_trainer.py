@@ -227,6 +227,9 @@ def test_one_step_per_finetune_mode_changes_the_trained_weights(cfg, warm_policy
     moments = tr.optimizer.state_dict()["state"].values()
     assert all(m["step"] == 2 for m in moments) and any(m["exp_avg_sq"].sum() > 0 for m in moments)
     assert tr.scheduler.last_epoch == 1
+    # the engine samples from LoRA folded into a full-precision base; full weights and a 4-bit base as they are
+    assert tr.engine.model is (tr.engine.folded if finetune == "lora" else tr.policy.model)
+    assert (tr.engine.folded is None) == (finetune != "lora")
 
 
 @pytest.mark.parametrize("finetune", ["full", "lora"])

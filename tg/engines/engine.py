@@ -23,6 +23,7 @@ from typing import Any, Protocol, Sequence
 
 import torch
 
+from tg.agent.finetune import folded_lora
 from tg.agent.protocol import STOP_STRINGS
 from tg.engines.kvcache import GrowingCache, PrefixStore, grouped_attention
 from tg.loss import entropy
@@ -163,6 +164,8 @@ class HFEngine:
 
     def __init__(self, model: Any, tokenizer: Any, *, max_new_tokens: int = 500, prefix_reuse: bool = True) -> None:
         self.model = model
+        self.folded: Any | None = None
+        """`sync`'s copy of a LoRA model with its adapters folded in (what the engine then samples from)."""
         self.tokenizer = tokenizer
         self.prefix_reuse = prefix_reuse
         self.stop = StopChecker(tokenizer)
@@ -173,8 +176,10 @@ class HFEngine:
         return HFBatch(self, contexts, counts, sampling, prefixes if self.prefix_reuse else None)
 
     def sync(self, model: Any, probe_ids: Sequence[int] | None = None) -> None:
-        """Nothing to check: the engine runs the trainer's own model object."""
-        self.model = model
+        """Serve the trainer's weights: its own model object, or for LoRA on a full-precision base a copy with the
+        adapters folded in (`tg.agent.finetune.folded_lora`, refreshed in place at each sync). Nothing to check."""
+        self.folded = folded_lora(model, self.folded)
+        self.model = self.folded if self.folded is not None else model
 
 
 class HFBatch:

@@ -10,7 +10,9 @@ Where the bytes go (QLoRA, the paper presets):
   a GPU; `tg.agent.finetune` does not cast them to fp32 as peft's `prepare_model_for_kbit_training` would);
 - LoRA: A and B per target module, fp32 (peft's default autocast), with fp32 grads and AdamW's two
   fp32 moments: 16 bytes per LoRA parameter;
-- activations of the longest micro-batch (`activation_bytes`) and the rollout KV cache of the engine.
+- activations of the longest micro-batch (`activation_bytes`) and the rollout KV cache of the engine;
+- LoRA on a full-precision base with the HF engine: the copy with the adapters folded in that the rollout samples
+  from (`tg.agent.finetune.folded_lora`), a whole model in the compute dtype.
 
 Stated assumptions, numbered (estimates, not measurements; the measured tokens/s of `tg preflight`
 on the GPU replace the throughput ones):
@@ -188,17 +190,19 @@ class MemoryEstimate:
     """vLLM engine: its whole reservation (gpu_memory_utilization x GPU memory)."""
     gathered: int = 0
     """FSDP2 over K > 1 ranks: the whole policy, gathered for the rollout (assumption 6)."""
+    folded: int = 0
+    """HF engine with LoRA on a full-precision base: the policy with its adapters folded in, kept between rollouts."""
     overhead: int = CUDA_OVERHEAD
 
     @property
     def total(self) -> int:
         """Rollout and update alternate, so the HF engine's KV and the activations do not add up."""
-        return (self.weights + self.trainable + max(self.activations, self.rollout_kv + self.gathered) + self.vllm
-                + self.overhead)
+        return (self.weights + self.trainable + self.folded + max(self.activations, self.rollout_kv + self.gathered)
+                + self.vllm + self.overhead)
 
     def parts_gib(self) -> dict[str, float]:
         return {k: getattr(self, k) / GIB for k in ("weights", "trainable", "activations", "rollout_kv", "vllm",
-                                                      "gathered", "overhead", "total")}
+                                                      "gathered", "folded", "overhead", "total")}
 
 
 def vllm_kv_tokens(s: ModelShape, gpu_bytes: int, utilization: float) -> int:
@@ -286,7 +290,8 @@ def memory_estimate(s: ModelShape, cfg: Config, gpu_bytes: int, micro_batch_rows
         activations=activation_bytes(s, rows, longest_row_tokens(cfg), m.gradient_checkpointing),
         rollout_kv=rollout_rows(cfg, gpus) * a.max_context_tokens * kv_bytes_per_token(s, wbytes) if hf else 0,
         vllm=0 if hf else int(a.vllm_gpu_memory_utilization * gpu_bytes),
-        gathered=param_counts(s).total * wbytes if split > 1 else 0)
+        gathered=param_counts(s).total * wbytes if split > 1 else 0,
+        folded=param_counts(s).total * wbytes if hf and m.finetune == "lora" else 0)
 
 
 def workload(cfg: Config, gpus: int = 1) -> Workload:
