@@ -7,7 +7,9 @@ rollout of `--questions` training questions as chains (G=4) and as trees (2,2,1)
 tokens per trajectory, from the same prompts, at the same temperature and top-p, on the weights the rollout samples
 from (the engine's model after the trainer's sync: for LoRA, the adapters folded in). Policy tokens per second of
 (a) over (b) is the ratio the kit's rollout keeps of plain decoding. The rollout's time is split into its forwards
-that prefill (the prompts once, each observation after a search: work `generate` never does) and the rest.
+that prefill (the prompts once, each observation after a search: work `generate` never does) and the rest. (c) The
+same rollout on peft's unfolded LoRA model, interleaved too, is what folding saves (the start's adapters are zero, so
+both sample the same tokens: checked).
 
     .venv/bin/python bench/rollout_vs_generate.py [--questions 8] [--reps 3] [--threads 2] [--write bench/README.md]
 """
@@ -49,6 +51,10 @@ def prefill_clock(spent: list[float]) -> Iterator[None]:
         HFBatch._forward = forward
 
 
+def _sampled(trees: list) -> list[list[int]]:
+    return [n.step.gen_ids for ts in trees for t in ts for n in t.nodes if n.step is not None]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--questions", type=int, default=8)
@@ -61,7 +67,7 @@ def main() -> None:
     lines = [f"`bench/rollout_vs_generate.py --questions {args.questions} --reps {args.reps} --threads "
              f"{args.threads}`: medians of {args.reps} repetitions, interleaved; the {args.preset} preset's start.", "",
              "| rollout | trajectories | policy tokens | rollout s | of it prefill s | rollout tok/s | generate s | "
-             "generate tok/s | rollout / generate | without prefill |", "|---" * 10 + "|"]
+             "generate tok/s | rollout / generate | without prefill | unfolded LoRA rollout s |", "|---" * 11 + "|"]
     for shape in (dict(M=4, N=0, L=0), dict(M=2, N=2, L=1)):
         cfg = load_config(args.preset).replace(tree=shape, optim=dict(prompts_per_step=args.questions,
                                                                       mini_batch_prompts=args.questions))
@@ -77,6 +83,12 @@ def main() -> None:
                 trees, leds = tr.rollout(questions, rep)
             times["rollout"].append(time.perf_counter() - t0)
             times.setdefault("prefill", []).append(spent[0])
+            tr.engine.model = tr.policy.model  # (c): peft's model, adapters unfolded
+            t0 = time.perf_counter()
+            unfolded, _ = tr.rollout(questions, rep)
+            times.setdefault("unfolded", []).append(time.perf_counter() - t0)
+            tr.engine.model = tr.engine.folded
+            assert _sampled(unfolded) == _sampled(trees), "the unfolded rollout sampled other tokens"
             led = Ledger.total(leds)
             tokens, rows = led.generated, led.trajectories
             per_row = max(1, round(tokens / rows))
@@ -98,7 +110,7 @@ def main() -> None:
         name = "chain G=4" if shape["N"] == 0 else "tree (2,2,1)"
         d_tps = med["rollout_tokens"] / (med["rollout"] - med["prefill"])
         lines.append(f"| {name} | {rows} | {tokens} | {med['rollout']:.1f} | {med['prefill']:.1f} | {r_tps:.0f} | "
-                     f"{med['generate']:.1f} | {g_tps:.0f} | {r_tps / g_tps:.2f}x | {d_tps / g_tps:.2f}x |")
+                     f"{med['generate']:.1f} | {g_tps:.0f} | {r_tps / g_tps:.2f}x | {d_tps / g_tps:.2f}x | {med['unfolded']:.1f} |")
         print(lines[-1], flush=True)
     publish(lines, args.write, "rollout_vs_generate")
 

@@ -35,6 +35,7 @@ def main() -> None:
     cfg = load_config("smol").replace(optim=dict(prompts_per_step=args.questions, mini_batch_prompts=args.questions))
     tr = build_run(cfg, tempfile.mkdtemp(prefix="tg-drift-")).trainer
     tok = tr.tokenizer
+    tr.engine.sync(tr.policy.model)  # as the trainer does before its first rollout
     trees, _ = tr.rollout(tr.batch_questions(0), 0)
     flat = [t for ts in trees for t in ts]
     trajs = [t.trajectory(leaf) for t in flat for leaf in t.leaves()]
