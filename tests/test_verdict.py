@@ -1,8 +1,6 @@
 """Verdicts by a declared rule (tg.experiments.verdict): the paired t-test and Holm's correction against reference
 values and their properties."""
 
-from unittest import mock
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -10,12 +8,7 @@ from hypothesis import strategies as st
 from tg.experiments.verdict import claim_verdict, holm, paired_test, t_critical, verdict
 
 
-@pytest.fixture(autouse=True, scope="module")
-def no_gc_collect():
-    """statsmodels' Holm calls gc.collect() on every call: ~0.5 s in a test worker's heap, and no part of the
-    arithmetic."""
-    with mock.patch("gc.collect"):
-        yield
+pytestmark = pytest.mark.usefixtures("no_gc_collect")  # Holm, called here 30+ times (tests/conftest.py)
 
 
 # Student's sleep data (R's datasets::sleep): extra hours of sleep of 10 patients under drug 1 and drug 2.
