@@ -1,6 +1,8 @@
 """Shared fixtures: the synthetic world, a random-init tiny policy (the paper model's class), the pinned
 warmed-up policy (for tests that train), the env."""
 
+from unittest import mock
+
 import pytest
 import torch
 
@@ -55,3 +57,11 @@ def make_env(retriever):
 @pytest.fixture(scope="session")
 def train_questions(world_dir):
     return load_split(world_dir, "train")
+
+
+@pytest.fixture(scope="module")
+def no_gc_collect():
+    """gc.collect() as a no-op for a module's tests: statsmodels' Holm (`multipletests`, tg.experiments.verdict)
+    calls it on every call, about 0.5 s in a test worker's heap, and it is no part of the arithmetic."""
+    with mock.patch("gc.collect"):
+        yield

@@ -13,6 +13,7 @@ from tg.config import ConfigError
 from tg.experiments import claims, mini, report, summary
 
 REPO = Path(__file__).parents[1]
+pytestmark = pytest.mark.usefixtures("no_gc_collect")  # Holm, called 23 times here (tests/conftest.py)
 
 
 def block_text(text: str, name: str) -> str:

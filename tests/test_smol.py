@@ -27,7 +27,7 @@ from tg.tree import sample_trees
 def smol_cfg():
     """The smol preset cut to test size: 1 question a step, one search at most, short steps, a checkpoint every step."""
     return load_config("smol", "optim.prompts_per_step=1", "optim.mini_batch_prompts=1", "optim.steps=2",
-                       "optim.checkpoint_every=1", "agent.max_step_tokens=40", "agent.max_turns=1")
+                       "optim.checkpoint_every=1", "agent.max_step_tokens=28", "agent.max_turns=1")
 
 
 @pytest.fixture(scope="module")

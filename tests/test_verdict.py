@@ -7,6 +7,10 @@ from hypothesis import strategies as st
 
 from tg.experiments.verdict import claim_verdict, holm, paired_test, t_critical, verdict
 
+
+pytestmark = pytest.mark.usefixtures("no_gc_collect")  # Holm, called here 30+ times (tests/conftest.py)
+
+
 # Student's sleep data (R's datasets::sleep): extra hours of sleep of 10 patients under drug 1 and drug 2.
 DRUG1 = [0.7, -1.6, -0.2, -1.2, -0.1, 3.4, 3.7, 0.8, 0.0, 2.0]
 DRUG2 = [1.9, 0.8, 1.1, 0.1, -0.1, 4.4, 5.5, 1.6, 4.6, 3.4]
@@ -45,7 +49,7 @@ def test_holm_on_a_worked_example():
     assert holm([0.3, 0.4, 0.9]) == pytest.approx([0.9, 0.9, 0.9]) and holm([0.4, 0.5, 0.6]) == [1.0, 1.0, 1.0]  # cap
 
 
-@settings(max_examples=30)  # statsmodels' Holm runs gc.collect() on every call: ~0.2 s in a test worker's heap
+@settings(max_examples=30)
 @given(st.lists(st.floats(min_value=0, max_value=1), min_size=1, max_size=30))
 def test_holm_adjusted_p_are_at_least_raw_at_most_one_and_in_the_raw_order(p):
     adjusted = holm(p)
