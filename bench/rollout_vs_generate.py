@@ -110,7 +110,8 @@ def main() -> None:
         name = "chain G=4" if shape["N"] == 0 else "tree (2,2,1)"
         d_tps = med["rollout_tokens"] / (med["rollout"] - med["prefill"])
         lines.append(f"| {name} | {rows} | {tokens} | {med['rollout']:.1f} | {med['prefill']:.1f} | {r_tps:.0f} | "
-                     f"{med['generate']:.1f} | {g_tps:.0f} | {r_tps / g_tps:.2f}x | {d_tps / g_tps:.2f}x | {med['unfolded']:.1f} |")
+                     f"{med['generate']:.1f} | {g_tps:.0f} | {r_tps / g_tps:.2f}x | {d_tps / g_tps:.2f}x | "
+                     f"{med['unfolded']:.1f} |")
         print(lines[-1], flush=True)
     publish(lines, args.write, "rollout_vs_generate")
 

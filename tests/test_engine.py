@@ -238,7 +238,8 @@ def test_top_p_from_the_top_candidates_samples_what_a_full_sort_samples(scale):
 def test_sync_serves_a_lora_model_folded_and_refreshes_it_in_place(model, tokenizer):
     """A LoRA policy is sampled from a copy with W + scale * B A in its linear layers (one matmul per layer):
     log-probs within float rounding of the trainer's peft model, refreshed in place after the adapters move
-    (bit for bit what a fresh fold gives), and the trainer's own weights untouched. A 4-bit base is not folded."""
+    (bit for bit what a fresh fold gives), and the trainer's own weights untouched. Full fine-tuning is served
+    unfolded (test_trainer's finetune-mode test checks QLoRA's 4-bit base too)."""
     from peft import LoraConfig, get_peft_model
     peft = get_peft_model(copy.deepcopy(model), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "down_proj"]))
     engine = HFEngine(peft, tokenizer)

@@ -70,7 +70,8 @@ def test_memory_estimate_of_the_paper_preset():
     # LoRA on the bf16 base: the HF engine samples from a folded copy (3,087,428,608 bytes, kept), vLLM does not
     lora = {e: memory_estimate(S, cfg.with_overrides("model.finetune=lora", f"agent.engine={e}"), 80 * GIB)
             for e in ("hf", "vllm")}
-    assert est.folded == 0 and lora["hf"].folded == 2 * param_counts(S).total == 3_087_428_608 and lora["vllm"].folded == 0
+    assert est.folded == 0 and lora["vllm"].folded == 0
+    assert lora["hf"].folded == 2 * param_counts(S).total == 3_087_428_608
     assert lora["hf"].total == lora["hf"].weights + lora["hf"].trainable + 3_087_428_608 + 336 * GIB + 1 * GIB
     assert largest_fitting(8, lambda r: r * 10 <= 35) == 3 and largest_fitting(8, lambda r: False) == 0
 
