@@ -104,6 +104,42 @@ def test_reuse_and_multiturn_match_full_recompute(model, tokenizer, reuse):
         assert out.logprobs == pytest.approx(_full_logprobs(model, ctx, out.ids), abs=1e-5)
 
 
+def test_rows_whose_step_ended_are_left_out_of_the_forward(model, tokenizer):
+    """Rows finish their steps at different times: each decode forward runs only as many rows as still decode (the
+    finished ones swapped behind them), every log-prob and entropy still equals a full recomputation, across a
+    second turn with observations of different lengths and a release; releasing the rows at the end copies
+    nothing (the cache keeps its buffers)."""
+    contexts, counts, caps = [list(range(10, 40)), list(range(50, 62)), [7, 8, 9]], [2, 2, 1], [2, 7, 4, 1, 6]
+    sizes: list[int] = []
+    hook = model.register_forward_pre_hook(lambda m, a, kw: sizes.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    try:
+        batch = HFEngine(model, tokenizer).open(contexts, counts, Sampling(temperature=1.0, seed=3))
+        sizes.clear()  # the prefill
+        first = batch.generate(range(5), caps)
+        lengths = [len(o.ids) for o in first]
+        assert sizes == [sum(n >= k for n in lengths) for k in range(1, max(lengths) + 1)]
+        assert sizes[-1] < 5
+        obs = {0: [100, 101, 102], 1: [120], 4: [130, 131, 132, 133, 134]}
+        batch.release([2, 3])
+        batch.append(list(obs), list(obs.values()))
+        second = batch.generate(list(obs), [3, 6, 2])
+        survivors = sorted(batch.index.items(), key=lambda ri: ri[1])  # (external row, internal row)
+        ptr = batch.cache.layers[0].keys.data_ptr()
+        batch.release([r for r, i in survivors[1:]])  # every row but the first internal one
+        assert batch.cache.layers[0].keys.data_ptr() == ptr and batch.cache.layers[0].keys.shape[0] == 1
+        third = batch.generate([survivors[0][0]], [4])
+    finally:
+        hook.remove()
+    ctx_of = [0, 0, 1, 1, 2]
+    rows = [(contexts[ctx_of[r]], o) for r, o in enumerate(first)]
+    rows += [(contexts[ctx_of[r]] + first[r].ids + obs[r], o) for r, o in zip(obs, second)]
+    r = survivors[0][0]
+    rows.append((contexts[ctx_of[r]] + first[r].ids + obs[r] + second[list(obs).index(r)].ids, third[0]))
+    for context, out in rows:
+        assert out.logprobs == pytest.approx(_full_logprobs(model, context, out.ids), abs=1e-5)
+        assert out.entropies == pytest.approx(_full_entropies(model, context, out.ids), abs=1e-5)
+
+
 def _full_entropies(model, context, ids):
     """Entropy of the distribution each of `ids` was drawn from, by one full forward with no cache."""
     x = torch.tensor([context + ids])

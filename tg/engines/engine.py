@@ -154,6 +154,9 @@ class HFEngine:
     its pending tokens (right-padded, padding masked out), with explicit position ids, so holes in
     the cache are harmless. A row always keeps >= 1 pending (uncached) token, so the cache never
     covers every input id (a forward needs an uncached token to produce the next token's logits).
+    A row whose step has ended while others still decode is swapped behind the rows being fed, and a
+    forward runs only up to the last fed row: a turn waits for its longest step without computing the
+    finished rows (which are also the ones `release` then drops, a narrowing that copies nothing).
 
     prefix_reuse=True: a context shared by k rows is prefilled once and its cache rows repeated
     (`batch_select_indices` with repeated indices = copy + repeat-interleave), and with a
@@ -262,6 +265,21 @@ class HFBatch:
                     keys[i, :, :m], values[i, :, :m] = (t[:, :m] for t in self.prefixes.kv[r][layer])
             self.cache.adopt(layer, keys, values, width)
 
+    def _swap(self, a: int, b: int) -> None:
+        """Exchange internal rows a and b: cache, mask and per-row state (external row ids follow their rows)."""
+        self.cache.swap_rows(a, b)
+        self.attn[[a, b]] = self.attn[[b, a]]
+        for state in (self.pos, self.pending, self.cached, self.cols):
+            state[a], state[b] = state[b], state[a]
+        moved = {a: b, b: a}
+        self.index = {r: moved.get(i, i) for r, i in self.index.items()}
+
+    def _to_front(self, rows: Sequence[int]) -> None:
+        """Swap internal rows so that `rows` are the first len(rows) ones, so that a forward feeding them skips the rest."""
+        n, fed = len(rows), set(rows)
+        for a, b in zip([i for i in range(n) if i not in fed], [i for i in rows if i >= n]):
+            self._swap(a, b)
+
     def _select(self, rows: torch.Tensor) -> None:
         """Keep (or repeat) internal rows, in this order: cache, mask and per-row state alike."""
         if self.cache.get_seq_length():
@@ -275,9 +293,10 @@ class HFBatch:
 
     # ---- one ragged forward ----------------------------------------------------------------------
     def _forward(self, blocks: Sequence[Sequence[int]], rows: Sequence[int]) -> torch.Tensor:
-        """Feed blocks[i] to internal row rows[i] (others get masked padding); logits [len(rows), V]
-        at each fed row's last real token."""
+        """Feed blocks[i] to internal row rows[i] (others get masked padding; rows after the last fed one are left
+        out); logits [len(rows), V] at each fed row's last real token."""
         B = len(self.pos)
+        n = max(rows) + 1 if self.cache.get_seq_length() else B  # an empty cache: its layers start at full batch
         width = max(len(b) for b in blocks)
         ids = torch.full((B, width), self.engine.pad_id, dtype=torch.long)
         mask = torch.zeros(B, width, dtype=torch.long)
@@ -289,9 +308,9 @@ class HFBatch:
         attn = torch.cat([self.attn, mask.to(self.device)], dim=1)
         last = [len(b) - 1 for b in blocks]
         keep = sorted(set(last))  # the head runs only at the columns some row samples from, not at every prefill token
-        with grouped_attention(self.model):
-            out = self.model(input_ids=ids.to(self.device), attention_mask=attn, position_ids=posn.to(self.device),
-                             past_key_values=self.cache, use_cache=True,
+        with grouped_attention(self.model), self.cache.narrowed(n):
+            out = self.model(input_ids=ids[:n].to(self.device), attention_mask=attn[:n],
+                             position_ids=posn[:n].to(self.device), past_key_values=self.cache, use_cache=True,
                              logits_to_keep=torch.tensor(keep, device=self.device))
         first_col = self.attn.shape[1]
         self.attn = attn
@@ -305,13 +324,13 @@ class HFBatch:
     # ---- the EngineBatch API -----------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, rows: Sequence[int], max_new_tokens: Sequence[int]) -> list[GenOut]:
-        internal = [self.index[r] for r in rows]
         outs = [GenOut([], [], "length") for _ in rows]
         live = [i for i, cap in enumerate(max_new_tokens) if cap > 0]
         while live:
-            blocks = [self.pending[internal[i]] for i in live]
+            self._to_front([self.index[rows[i]] for i in live])
+            fed = [self.index[rows[i]] for i in live]
+            blocks = [self.pending[r] for r in fed]
             assert all(blocks), "every row keeps >= 1 uncached token (a cache covering all ids is wrong)"
-            fed = [internal[i] for i in live]
             for i, b in zip(live, blocks):
                 self.row_stats[rows[i]].computed += len(b) - 1  # observations; the sampled token is decode
             logits = self._forward(blocks, fed)
@@ -323,7 +342,7 @@ class HFBatch:
                 outs[i].ids.append(tok[j])
                 outs[i].logprobs.append(logp[j])
                 outs[i].entropies.append(ent[j])
-                self.pending[internal[i]] = [tok[j]]
+                self.pending[fed[j]] = [tok[j]]
                 finish = self.engine.stop.check(outs[i].ids)
                 if finish is not None:
                     outs[i].finish = finish

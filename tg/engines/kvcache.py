@@ -76,6 +76,9 @@ class GrowingLayer(DynamicLayer):
     """
 
     _buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+    rows: int | None = None
+    """While set (`GrowingCache.narrowed`), only the first `rows` batch rows take part in a forward: `keys`/`values`
+    are views of those rows, and `update` writes theirs and zeros into the other rows' new columns (masked, finite)."""
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,14 +86,20 @@ class GrowingLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
             self._buffers = None
         length, n = self.get_seq_length(), key_states.shape[-2]
-        if not self._holds_keys() or self._buffers[0].shape[-2] < length + n:
-            shape = (*key_states.shape[:2], max(64, 2 * (length + n)), key_states.shape[-1])
-            grown = (key_states.new_empty(shape), value_states.new_empty(shape))
+        if not self._holds_keys():  # fresh, or a parent method replaced the keys: they are the whole cache
+            self._buffers = (self.keys, self.values) if length else None
+        if self._buffers is None or self._buffers[0].shape[-2] < length + n:
+            old = self._buffers
+            batch = old[0].shape[0] if old is not None else key_states.shape[0]
+            shape = (batch, key_states.shape[1], max(64, 2 * (length + n)), key_states.shape[-1])
+            self._buffers = (key_states.new_empty(shape), value_states.new_empty(shape))
             if length:
-                grown[0][:, :, :length], grown[1][:, :, :length] = self.keys, self.values
-            self._buffers = grown
-        self._buffers[0][:, :, length:length + n] = key_states
-        self._buffers[1][:, :, length:length + n] = value_states
+                for new, src in zip(self._buffers, old):
+                    new[:, :, :length] = src[:, :, :length]
+        fed = key_states.shape[0]
+        for buf, states in zip(self._buffers, (key_states, value_states)):
+            buf[:fed, :, length:length + n] = states
+            buf[fed:, :, length:length + n] = 0
         self._view(length + n)
         return self.keys, self.values
 
@@ -100,24 +109,37 @@ class GrowingLayer(DynamicLayer):
         self._buffers = (keys, values)
         self._view(length)
 
+    def narrow(self, rows: int | None) -> None:
+        """Let only the first `rows` batch rows take part (None: all of them); see `rows`."""
+        length = self.get_seq_length()
+        if not self._holds_keys():
+            raise RuntimeError("narrow() needs the cache in this layer's buffers")
+        self.rows = rows
+        self._view(length)
+
     def _holds_keys(self) -> bool:
         """Whether `keys` is still the view of the buffers (a parent method may have replaced it)."""
         b = self._buffers
-        return b is not None and b[0].shape[0] == self.keys.shape[0] and (
+        rows = b[0].shape[0] if b is not None and self.rows is None else self.rows
+        return b is not None and rows == self.keys.shape[0] and (
             self.keys.numel() == 0 or self.keys.data_ptr() == b[0].data_ptr())
 
     def _view(self, length: int) -> None:
-        self.keys, self.values = self._buffers[0][:, :, :length], self._buffers[1][:, :, :length]
+        self.keys, self.values = (b[:self.rows, :, :length] for b in self._buffers)
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep (or repeat) batch rows into buffers of the same capacity, copying only the cached columns
-        (row by row: a whole-buffer gather would copy the spare capacity too, about twice the time)."""
+        (row by row: a whole-buffer gather would copy the spare capacity too, about twice the time). Keeping
+        the first rows in order copies nothing: the buffers' first rows are kept as they are."""
         if self.get_seq_length() > 0 and self._holds_keys():
-            length = self.get_seq_length()
-            old, self._buffers = self._buffers, tuple(b.new_empty(len(indices), *b.shape[1:]) for b in self._buffers)
-            for j, i in enumerate(indices.tolist()):
-                for new, src in zip(self._buffers, old):
-                    new[j, :, :length] = src[i, :, :length]
+            length, keep = self.get_seq_length(), indices.tolist()
+            if keep == list(range(len(keep))):
+                self._buffers = tuple(b[:len(keep)] for b in self._buffers)
+            else:
+                old, self._buffers = self._buffers, tuple(b.new_empty(len(keep), *b.shape[1:]) for b in self._buffers)
+                for j, i in enumerate(keep):
+                    for new, src in zip(self._buffers, old):
+                        new[j, :, :length] = src[i, :, :length]
             self._view(length)
         else:
             super().batch_select_indices(indices)
@@ -134,6 +156,23 @@ class GrowingCache(DynamicCache):
         while len(self.layers) <= layer:
             self.layers.append(GrowingLayer())
         self.layers[layer].adopt(keys, values, length)
+
+    @contextmanager
+    def narrowed(self, rows: int) -> Iterator[None]:
+        """Inside the block only the first `rows` batch rows take part in a forward (`GrowingLayer.rows`)."""
+        for layer in self.layers:
+            layer.narrow(rows)
+        try:
+            yield
+        finally:
+            for layer in self.layers:
+                layer.narrow(None)
+
+    def swap_rows(self, a: int, b: int) -> None:
+        """Exchange batch rows a and b of every layer (their cached columns)."""
+        for layer in self.layers:
+            for t in (layer.keys, layer.values):
+                t[[a, b]] = t[[b, a]]
 
 
 GROUPED_SDPA = "tg_sdpa_grouped"
