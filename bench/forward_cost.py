@@ -38,7 +38,8 @@ def instrument(record: list[list[float]]) -> None:
     forward, sample = HFBatch._forward, tg.engines.engine.sample_next
 
     def timed_forward(self: HFBatch, blocks, rows):
-        shape = [len(self.pos), max(len(b) for b in blocks), self.attn.shape[1], sum(len(c) for c in self.cached)]
+        n = self.rows_run(rows)  # the rows the forward computes
+        shape = [n, max(len(b) for b in blocks), self.attn.shape[1], sum(len(c) for c in self.cached[:n])]
         t0 = time.perf_counter()
         out = forward(self, blocks, rows)
         record.append(shape + [time.perf_counter() - t0])

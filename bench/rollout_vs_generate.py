@@ -6,10 +6,11 @@ rollout of `--questions` training questions as chains (G=4) and as trees (2,2,1)
 `model.generate` with as many rows as that rollout has trajectories, each forced to the rollout's mean policy
 tokens per trajectory, from the same prompts, at the same temperature and top-p, on the weights the rollout samples
 from (the engine's model after the trainer's sync: for LoRA, the adapters folded in). Policy tokens per second of
-(a) over (b) is the ratio the kit's rollout keeps of plain decoding. The rollout's time is split into its forwards
-that prefill (the prompts once, each observation after a search: work `generate` never does) and the rest. (c) The
-same rollout on peft's unfolded LoRA model, interleaved too, is what folding saves (the start's adapters are zero, so
-both sample the same tokens: checked).
+(a) over (b) is the ratio the kit's rollout keeps of plain decoding: of the medians, and per repetition (the two
+timed one after the other; sorted), which shows how far the ratio moves on a noisy host. The rollout's time is split
+into its forwards that prefill (the prompts once, each observation after a search: work `generate` never does) and
+the rest. (c) The same rollout on peft's unfolded LoRA model, interleaved too, is what folding saves (the start's
+adapters are zero, so both sample the same tokens: checked).
 
     .venv/bin/python bench/rollout_vs_generate.py [--questions 8] [--reps 3] [--threads 2] [--write bench/README.md]
 """
@@ -67,7 +68,8 @@ def main() -> None:
     lines = [f"`bench/rollout_vs_generate.py --questions {args.questions} --reps {args.reps} --threads "
              f"{args.threads}`: medians of {args.reps} repetitions, interleaved; the {args.preset} preset's start.", "",
              "| rollout | trajectories | policy tokens | rollout s | of it prefill s | rollout tok/s | generate s | "
-             "generate tok/s | rollout / generate | without prefill | unfolded LoRA rollout s |", "|---" * 11 + "|"]
+             "generate tok/s | rollout / generate | per repetition | without prefill | unfolded LoRA rollout s |",
+             "|---" * 12 + "|"]
     for shape in (dict(M=4, N=0, L=0), dict(M=2, N=2, L=1)):
         cfg = load_config(args.preset).replace(tree=shape, optim=dict(prompts_per_step=args.questions,
                                                                       mini_batch_prompts=args.questions))
@@ -107,10 +109,13 @@ def main() -> None:
             times.setdefault("rollout_tokens", []).append(tokens)
         med = {k: statistics.median(v) for k, v in times.items()}
         r_tps, g_tps = med["rollout_tokens"] / med["rollout"], med["generate_tokens"] / med["generate"]
+        paired = sorted(r_tok / r_s / (g_tok / g_s) for r_tok, r_s, g_tok, g_s in  # tok/s ratio per repetition
+                        zip(times["rollout_tokens"], times["rollout"], times["generate_tokens"], times["generate"]))
         name = "chain G=4" if shape["N"] == 0 else "tree (2,2,1)"
         d_tps = med["rollout_tokens"] / (med["rollout"] - med["prefill"])
         lines.append(f"| {name} | {rows} | {tokens} | {med['rollout']:.1f} | {med['prefill']:.1f} | {r_tps:.0f} | "
-                     f"{med['generate']:.1f} | {g_tps:.0f} | {r_tps / g_tps:.2f}x | {d_tps / g_tps:.2f}x | "
+                     f"{med['generate']:.1f} | {g_tps:.0f} | {r_tps / g_tps:.2f}x | "
+                     f"{', '.join(f'{x:.2f}x' for x in paired)} | {d_tps / g_tps:.2f}x | "
                      f"{med['unfolded']:.1f} |")
         print(lines[-1], flush=True)
     publish(lines, args.write, "rollout_vs_generate")

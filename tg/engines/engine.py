@@ -292,11 +292,15 @@ class HFBatch:
         self.cols = [list(self.cols[i]) for i in keep]
 
     # ---- one ragged forward ----------------------------------------------------------------------
+    def rows_run(self, rows: Sequence[int]) -> int:
+        """How many internal rows a forward feeding `rows` computes: up to the last fed one (all of them while the
+        cache is empty, as its layers start at the batch's full size)."""
+        return max(rows) + 1 if self.cache.get_seq_length() else len(self.pos)
+
     def _forward(self, blocks: Sequence[Sequence[int]], rows: Sequence[int]) -> torch.Tensor:
         """Feed blocks[i] to internal row rows[i] (others get masked padding; rows after the last fed one are left
         out); logits [len(rows), V] at each fed row's last real token."""
-        B = len(self.pos)
-        n = max(rows) + 1 if self.cache.get_seq_length() else B  # an empty cache: its layers start at full batch
+        B, n = len(self.pos), self.rows_run(rows)
         width = max(len(b) for b in blocks)
         ids = torch.full((B, width), self.engine.pad_id, dtype=torch.long)
         mask = torch.zeros(B, width, dtype=torch.long)
