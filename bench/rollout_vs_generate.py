@@ -9,7 +9,10 @@ from (the engine's model after the trainer's sync: for LoRA, the adapters folded
 (a) over (b) is the ratio the kit's rollout keeps of plain decoding: of the medians, and per repetition (the two
 timed one after the other; sorted), which shows how far the ratio moves on a noisy host. The rollout's time is split
 into its forwards that prefill (the prompts once, each observation after a search: work `generate` never does) and
-the rest. (c) The same rollout on peft's unfolded LoRA model, interleaved too, is what folding saves (the start's
+the rest. Its forwards that sample (one token per row each) are counted beside the fewest any schedule of these trees
+could run, since a token waits for the one before it in its trajectory and a branch for the end of its tree's seed
+chain (the node it starts from is drawn from the whole chain): the longest such path, in policy tokens; `generate`
+runs one forward per token of its rows. (c) The same rollout on peft's unfolded LoRA model, interleaved too, is what folding saves (the start's
 adapters are zero, so both sample the same tokens: checked).
 
     .venv/bin/python bench/rollout_vs_generate.py [--questions 8] [--reps 3] [--threads 2] [--write bench/README.md]
@@ -27,6 +30,7 @@ from typing import Iterator
 import torch
 from _blocks import publish
 
+import tg.engines.engine
 from tg.budget import Ledger
 from tg.config import load_config
 from tg.engines.engine import HFBatch
@@ -35,8 +39,13 @@ from tg.pipeline import build_run
 
 @contextmanager
 def prefill_clock(spent: list[float]) -> Iterator[None]:
-    """Add to spent[0] the seconds of every engine forward that feeds some row more than one token."""
-    forward = HFBatch._forward
+    """Add to spent[0] the seconds of every engine forward that feeds some row more than one token, and count the
+    forwards that sample (one token per fed row) in spent[1]."""
+    forward, sample = HFBatch._forward, tg.engines.engine.sample_next
+
+    def counted(*args, **kwargs):
+        spent[1] += 1
+        return sample(*args, **kwargs)
 
     def timed(self, blocks, rows):
         t0 = time.perf_counter()
@@ -45,11 +54,28 @@ def prefill_clock(spent: list[float]) -> Iterator[None]:
             spent[0] += time.perf_counter() - t0
         return out
 
-    HFBatch._forward = timed
+    HFBatch._forward, tg.engines.engine.sample_next = timed, counted
     try:
         yield
     finally:
-        HFBatch._forward = forward
+        HFBatch._forward, tg.engines.engine.sample_next = forward, sample
+
+
+def fewest_forwards(trees: list) -> int:
+    """The fewest decode forwards any schedule could sample these trees in: the longest chain of tokens that wait for
+    each other, a seed chain's policy tokens plus, for a branch, the branch's own (a tree's seed chain is the nodes
+    up to its first leaf; its branches start once it has ended)."""
+    longest = 0
+    for tree in (t for ts in trees for t in ts):
+        first = tree.leaves()[0]
+        seed = sum(len(tree.nodes[i].step.gen_ids) for i in range(1, first + 1))
+        for leaf in tree.leaves():
+            own, node = 0, leaf
+            while node > first:
+                own += len(tree.nodes[node].step.gen_ids)
+                node = tree.nodes[node].parent
+            longest = max(longest, seed + own)
+    return longest
 
 
 def _sampled(trees: list) -> list[list[int]]:
@@ -68,8 +94,9 @@ def main() -> None:
     lines = [f"`bench/rollout_vs_generate.py --questions {args.questions} --reps {args.reps} --threads "
              f"{args.threads}`: medians of {args.reps} repetitions, interleaved; the {args.preset} preset's start.", "",
              "| rollout | trajectories | policy tokens | rollout s | of it prefill s | rollout tok/s | generate s | "
-             "generate tok/s | rollout / generate | per repetition | without prefill | unfolded LoRA rollout s |",
-             "|---" * 12 + "|"]
+             "generate tok/s | rollout / generate | per repetition | without prefill | sampling forwards | fewest possible | "
+             "generate forwards | unfolded LoRA rollout s |",
+             "|---" * 15 + "|"]
     for shape in (dict(M=4, N=0, L=0), dict(M=2, N=2, L=1)):
         cfg = load_config(args.preset).replace(tree=shape, optim=dict(prompts_per_step=args.questions,
                                                                       mini_batch_prompts=args.questions))
@@ -79,12 +106,14 @@ def main() -> None:
         times: dict[str, list[float]] = {"rollout": [], "generate": []}
         tokens = rows = 0
         for rep in range(args.reps):
-            spent = [0.0]
+            spent = [0.0, 0]
             t0 = time.perf_counter()
             with prefill_clock(spent):
                 trees, leds = tr.rollout(questions, rep)
             times["rollout"].append(time.perf_counter() - t0)
             times.setdefault("prefill", []).append(spent[0])
+            times.setdefault("forwards", []).append(spent[1])
+            times.setdefault("fewest", []).append(fewest_forwards(trees))
             tr.engine.model = tr.policy.model  # (c): peft's model, adapters unfolded
             t0 = time.perf_counter()
             unfolded, _ = tr.rollout(questions, rep)
@@ -106,6 +135,7 @@ def main() -> None:
                                          pad_token_id=tr.pad_id)
             times["generate"].append(time.perf_counter() - t0)
             times.setdefault("generate_tokens", []).append(per_row * len(prompts))
+            times.setdefault("generate_forwards", []).append(per_row)
             times.setdefault("rollout_tokens", []).append(tokens)
         med = {k: statistics.median(v) for k, v in times.items()}
         r_tps, g_tps = med["rollout_tokens"] / med["rollout"], med["generate_tokens"] / med["generate"]
@@ -115,8 +145,8 @@ def main() -> None:
         d_tps = med["rollout_tokens"] / (med["rollout"] - med["prefill"])
         lines.append(f"| {name} | {rows} | {tokens} | {med['rollout']:.1f} | {med['prefill']:.1f} | {r_tps:.0f} | "
                      f"{med['generate']:.1f} | {g_tps:.0f} | {r_tps / g_tps:.2f}x | "
-                     f"{', '.join(f'{x:.2f}x' for x in paired)} | {d_tps / g_tps:.2f}x | "
-                     f"{med['unfolded']:.1f} |")
+                     f"{', '.join(f'{x:.2f}x' for x in paired)} | {d_tps / g_tps:.2f}x | {med['forwards']:.0f} | "
+                     f"{med['fewest']:.0f} | {med['generate_forwards']:.0f} | {med['unfolded']:.1f} |")
         print(lines[-1], flush=True)
     publish(lines, args.write, "rollout_vs_generate")
 
