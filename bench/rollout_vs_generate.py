@@ -9,11 +9,11 @@ from (the engine's model after the trainer's sync: for LoRA, the adapters folded
 (a) over (b) is the ratio the kit's rollout keeps of plain decoding: of the medians, and per repetition (the two
 timed one after the other; sorted), which shows how far the ratio moves on a noisy host. The rollout's time is split
 into its forwards that prefill (the prompts once, each observation after a search: work `generate` never does) and
-the rest. Its forwards that sample (one token per row each) are counted beside the fewest any schedule of these trees
-could run, since a token waits for the one before it in its trajectory and a branch for the end of its tree's seed
-chain (the node it starts from is drawn from the whole chain): the longest such path, in policy tokens; `generate`
-runs one forward per token of its rows. (c) The same rollout on peft's unfolded LoRA model, interleaved too, is what folding saves (the start's
-adapters are zero, so both sample the same tokens: checked).
+the rest. Its forwards that sample (one token per row each) are counted beside the fewest any schedule of these
+trees could run, since a token waits for the one before it in its trajectory and a branch for the end of its tree's
+seed chain (the node it starts from is drawn from the whole chain): the longest such path, in policy tokens;
+`generate` runs one forward per token of its rows. (c) The same rollout on peft's unfolded LoRA model, interleaved
+too, is what folding saves (the start's adapters are zero, so both sample the same tokens: checked).
 
     .venv/bin/python bench/rollout_vs_generate.py [--questions 8] [--reps 3] [--threads 2] [--write bench/README.md]
 """
@@ -62,7 +62,7 @@ def prefill_clock(spent: list[float]) -> Iterator[None]:
 
 
 def fewest_forwards(trees: list) -> int:
-    """The fewest decode forwards any schedule could sample these trees in: the longest chain of tokens that wait for
+    """The fewest forwards that sample any schedule could grow these trees in: the longest chain of tokens that wait for
     each other, a seed chain's policy tokens plus, for a branch, the branch's own (a tree's seed chain is the nodes
     up to its first leaf; its branches start once it has ended)."""
     longest = 0
@@ -94,8 +94,8 @@ def main() -> None:
     lines = [f"`bench/rollout_vs_generate.py --questions {args.questions} --reps {args.reps} --threads "
              f"{args.threads}`: medians of {args.reps} repetitions, interleaved; the {args.preset} preset's start.", "",
              "| rollout | trajectories | policy tokens | rollout s | of it prefill s | rollout tok/s | generate s | "
-             "generate tok/s | rollout / generate | per repetition | without prefill | sampling forwards | fewest possible | "
-             "generate forwards | unfolded LoRA rollout s |",
+             "generate tok/s | rollout / generate | per repetition | without prefill | sampling forwards | "
+             "fewest possible | generate forwards | unfolded LoRA rollout s |",
              "|---" * 15 + "|"]
     for shape in (dict(M=4, N=0, L=0), dict(M=2, N=2, L=1)):
         cfg = load_config(args.preset).replace(tree=shape, optim=dict(prompts_per_step=args.questions,
