@@ -38,7 +38,7 @@ from tg.pipeline import build_run
 
 
 @contextmanager
-def prefill_clock(spent: list[float]) -> Iterator[None]:
+def forward_clock(spent: list[float]) -> Iterator[None]:
     """Add to spent[0] the seconds of every engine forward that feeds some row more than one token, and count the
     forwards that sample (one token per fed row) in spent[1]."""
     forward, sample = HFBatch._forward, tg.engines.engine.sample_next
@@ -108,7 +108,7 @@ def main() -> None:
         for rep in range(args.reps):
             spent = [0.0, 0]
             t0 = time.perf_counter()
-            with prefill_clock(spent):
+            with forward_clock(spent):
                 trees, leds = tr.rollout(questions, rep)
             times["rollout"].append(time.perf_counter() - t0)
             times.setdefault("prefill", []).append(spent[0])
