@@ -157,6 +157,8 @@ class HFEngine:
     A row whose step has ended while others still decode is swapped behind the rows being fed, and a
     forward runs only up to the last fed row: a turn waits for its longest step without computing the
     finished rows (which are also the ones `release` then drops, a narrowing that copies nothing).
+    Everything that touches the model or the cache runs under `torch.inference_mode`: no autograd bookkeeping on
+    any of a forward's few thousand small ops (about 2% of a rollout on SmolLM2-135M, the same tokens sampled).
 
     prefix_reuse=True: a context shared by k rows is prefilled once and its cache rows repeated
     (`batch_select_indices` with repeated indices = copy + repeat-interleave), and with a
@@ -208,6 +210,7 @@ class HFBatch:
         self._prefill(contexts, counts)
 
     # ---- set-up --------------------------------------------------------------------------------
+    @torch.inference_mode()
     def _prefill(self, contexts: Sequence[Sequence[int]], counts: Sequence[int]) -> None:
         reuse = self.engine.prefix_reuse
         heads = [list(c[:-1]) for c in contexts]  # the last context token stays pending
@@ -221,8 +224,7 @@ class HFBatch:
         rows = [i for i, n in enumerate(repeat) for _ in range(n)]
         if todo:
             self._start_from(kept)
-            with torch.no_grad():
-                self._forward([blocks[i][kept[i][1]:] for i in todo], todo)
+            self._forward([blocks[i][kept[i][1]:] for i in todo], todo)
             self._select(torch.tensor(rows, dtype=torch.long))
         else:  # every context is cached already (a tree expansion): assemble the rows, repeats included
             self._start_from([kept[i] for i in rows])
@@ -326,7 +328,7 @@ class HFBatch:
         return out.logits[torch.tensor(rows, device=self.device), at_col].float()
 
     # ---- the EngineBatch API -----------------------------------------------------------------------
-    @torch.no_grad()
+    @torch.inference_mode()
     def generate(self, rows: Sequence[int], max_new_tokens: Sequence[int]) -> list[GenOut]:
         outs = [GenOut([], [], "length") for _ in rows]
         live = [i for i, cap in enumerate(max_new_tokens) if cap > 0]
@@ -363,6 +365,7 @@ class HFBatch:
         for r, extra in zip(rows, ids):
             self.pending[self.index[r]].extend(int(t) for t in extra)
 
+    @torch.inference_mode()
     def release(self, rows: Sequence[int]) -> None:
         """Drop finished rows from the cache (the batch gets narrower as episodes end); with a prefix
         store, keep their cached tokens and K/V there first."""

@@ -169,10 +169,13 @@ class GrowingCache(DynamicCache):
                 layer.narrow(None)
 
     def swap_rows(self, a: int, b: int) -> None:
-        """Exchange batch rows a and b of every layer (their cached columns)."""
+        """Exchange batch rows a and b of every layer (their cached columns): three row copies through a spare row,
+        where an indexed exchange (`t[[a, b]] = t[[b, a]]`) gathers both rows and then scatters them."""
         for layer in self.layers:
             for t in (layer.keys, layer.values):
-                t[[a, b]] = t[[b, a]]
+                spare = t[a].clone()
+                t[a] = t[b]
+                t[b] = spare
 
 
 GROUPED_SDPA = "tg_sdpa_grouped"
