@@ -143,7 +143,8 @@ def main() -> None:
                         zip(times["rollout_tokens"], times["rollout"], times["generate_tokens"], times["generate"]))
         name = "chain G=4" if shape["N"] == 0 else "tree (2,2,1)"
         d_tps = med["rollout_tokens"] / (med["rollout"] - med["prefill"])
-        lines.append(f"| {name} | {rows} | {tokens} | {med['rollout']:.1f} | {med['prefill']:.1f} | {r_tps:.0f} | "
+        lines.append(f"| {name} | {rows} | {med['rollout_tokens']:.0f} | {med['rollout']:.1f} | {med['prefill']:.1f} | "
+                     f"{r_tps:.0f} | "
                      f"{med['generate']:.1f} | {g_tps:.0f} | {r_tps / g_tps:.2f}x | "
                      f"{', '.join(f'{x:.2f}x' for x in paired)} | {d_tps / g_tps:.2f}x | {med['forwards']:.0f} | "
                      f"{med['fewest']:.0f} | {med['generate_forwards']:.0f} | {med['unfolded']:.1f} |")
