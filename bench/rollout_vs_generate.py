@@ -144,8 +144,7 @@ def main() -> None:
         name = "chain G=4" if shape["N"] == 0 else "tree (2,2,1)"
         d_tps = med["rollout_tokens"] / (med["rollout"] - med["prefill"])
         lines.append(f"| {name} | {rows} | {med['rollout_tokens']:.0f} | {med['rollout']:.1f} | {med['prefill']:.1f} | "
-                     f"{r_tps:.0f} | "
-                     f"{med['generate']:.1f} | {g_tps:.0f} | {r_tps / g_tps:.2f}x | "
+                     f"{r_tps:.0f} | {med['generate']:.1f} | {g_tps:.0f} | {r_tps / g_tps:.2f}x | "
                      f"{', '.join(f'{x:.2f}x' for x in paired)} | {d_tps / g_tps:.2f}x | {med['forwards']:.0f} | "
                      f"{med['fewest']:.0f} | {med['generate_forwards']:.0f} | {med['unfolded']:.1f} |")
         print(lines[-1], flush=True)
